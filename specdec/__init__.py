@@ -1,0 +1,9 @@
+"""specdec: a speculative-decoding engine.
+
+Draft, then verify: a cheap source proposes tokens, the target model checks them all in
+one forward pass, and exact rejection sampling keeps its output distribution unchanged
+(Leviathan et al. 2023, "Fast Inference from Transformers via Speculative Decoding";
+Chen et al. 2023, "Accelerating LLM Decoding with Speculative Sampling").
+"""
+
+__version__ = "0.1.0"
