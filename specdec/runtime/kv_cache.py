@@ -1,0 +1,64 @@
+"""A static, position-indexed KV cache: rollback is bookkeeping (gpt-fast, vLLM).
+
+Every layer owns two preallocated tensors `[B, H_kv, S_max, D]`. A forward over n new
+positions writes slots `length .. length+n-1` and advances `length`. Speculation then
+either keeps a prefix of those slots (`rewind(n_rejected)`, for chains) or keeps a chosen
+subset of the newest slots and moves it to be contiguous (`compact(keep)`, for trees).
+
+Example: length 10, a round verifies 5 drafted tokens plus the last committed one
+(6 slots, length 16); 2 drafts are accepted, so the 3 rejected slots are dropped with
+`rewind(3)` (length 13) and overwritten by the next round.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32):
+        shape = (batch, num_kv_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.max_len = max_len
+        self.length = 0
+
+    @property
+    def batch(self) -> int:
+        return self.k[0].shape[0]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
+        """Store k, v `[B, H_kv, n, D]` in slots `start .. start+n-1` of one layer."""
+        n = k.shape[2]
+        self.k[layer][:, :, start:start + n] = k
+        self.v[layer][:, :, start:start + n] = v
+
+    def view(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of slots `0 .. end-1`: `[B, H_kv, end, D]` each (views, no copy)."""
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def rewind(self, n: int) -> None:
+        """Drop the newest n positions (rejected draft tokens)."""
+        if not 0 <= n <= self.length:
+            raise ValueError(f"rewind: n={n} must be in [0, {self.length}]")
+        self.length -= n
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def compact(self, keep: list[int] | torch.Tensor, newest: int) -> None:
+        """Keep the slots `keep` (indices 0..newest-1 into the newest `newest` slots, ascending,
+        e.g. the accepted path of a tree) and drop the rest of those `newest` slots, so the kept
+        ones become contiguous right after the older cache."""
+        keep = torch.as_tensor(keep, dtype=torch.long)
+        if newest > self.length or (len(keep) and (int(keep.min()) < 0 or int(keep.max()) >= newest)):
+            raise ValueError(f"compact: keep={keep.tolist()} must index the newest {newest} of {self.length} slots")
+        base = self.length - newest
+        src = keep + base
+        dst = torch.arange(base, base + len(keep))
+        if not torch.equal(src, dst):
+            for kk, vv in zip(self.k, self.v):
+                kk[:, :, dst] = kk[:, :, src]
+                vv[:, :, dst] = vv[:, :, src]
+        self.length = base + len(keep)

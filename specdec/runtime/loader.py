@@ -1,0 +1,80 @@
+"""Load a Hugging Face model folder (config.json + *.safetensors) into the lean Transformer.
+
+Hugging Face names map onto fused projections: q_proj|k_proj|v_proj -> qkv, gate_proj|up_proj -> gate_up.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from specdec.errors import SpecdecError
+from specdec.runtime.config import ModelConfig
+from specdec.runtime.model import Transformer
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+def cpu_has_bf16_matmul() -> bool:
+    """True where the CPU multiplies bf16 natively (AMX or AVX512-BF16); elsewhere bf16 is emulated and slow."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_dtype(name: str | None) -> torch.dtype:
+    """`None`/"auto": bf16 where the CPU has bf16 matmuls, else fp32."""
+    if name in (None, "auto"):
+        return torch.bfloat16 if cpu_has_bf16_matmul() else torch.float32
+    if name not in DTYPES:
+        raise SpecdecError(f"unknown dtype {name!r}: choose auto, fp32 or bf16")
+    return DTYPES[name]
+
+
+def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise SpecdecError(f"{folder} has no *.safetensors weights")
+    tensors = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            for name in fh.keys():
+                tensors[name] = fh.get_tensor(name)
+    return tensors
+
+
+def load_transformer(folder: str | Path, dtype: torch.dtype = torch.float32) -> Transformer:
+    folder = Path(folder)
+    cfg = ModelConfig.from_folder(folder)
+    hf = _read_tensors(folder)
+
+    def take(name: str) -> torch.Tensor:
+        try:
+            return hf.pop(name).to(dtype)
+        except KeyError:
+            raise SpecdecError(f"{folder}: weight {name!r} is missing; the model folder is incomplete") from None
+
+    state = {"embed.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
+    for i in range(cfg.num_layers):
+        p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        state[f"layers.{i}.input_norm.weight"] = take(p + "input_layernorm.weight")
+        state[f"layers.{i}.post_norm.weight"] = take(p + "post_attention_layernorm.weight")
+        state[f"layers.{i}.qkv.weight"] = torch.cat([take(a + f"{x}_proj.weight") for x in "qkv"])
+        if cfg.attention_bias:
+            state[f"layers.{i}.qkv.bias"] = torch.cat([take(a + f"{x}_proj.bias") for x in "qkv"])
+        state[f"layers.{i}.o.weight"] = take(a + "o_proj.weight")
+        state[f"layers.{i}.gate_up.weight"] = torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")])
+        state[f"layers.{i}.down.weight"] = take(m + "down_proj.weight")
+    tied = cfg.tie_word_embeddings or "lm_head.weight" not in hf
+    state["lm_head.weight"] = state["embed.weight"] if tied else take("lm_head.weight")
+
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.load_state_dict(state, assign=True, strict=True)
+    if tied:
+        model.lm_head.weight = model.embed.weight
+    return model.eval()

@@ -1,0 +1,148 @@
+"""A lean Llama-family transformer forward, written for speculation (in the spirit of gpt-fast).
+
+One call evaluates n new positions against a static KV cache:
+
+    out = model(tokens,            # [B, n] token ids
+                cache,             # KVCache; slots cache.length .. cache.length+n-1 are written
+                positions=None,    # [B, n] RoPE positions; default cache.length + arange(n)
+                mask=None,         # [B|1, n, cache.length+n] bool, True = may attend; default causal
+                hidden_layers=(),  # layer indices whose outputs to return (Medusa/EAGLE read them)
+                exit_layer=None,   # run only the first L layers, then norm + LM head (self-speculation)
+                last_only=False)   # logits for the last position only (prefill)
+    out.logits                     # [B, n, V] float32
+    out.hidden[i]                  # [B, n, D] output of layer i (i = -1: after the final norm)
+
+A tree of drafted tokens is one call: the tokens in any order that puts parents first,
+positions = depth, and a mask where each node sees the cache and its ancestors.
+Projections are fused (q|k|v and gate|up) so a decode step runs few, large matmuls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec.runtime.config import ModelConfig
+from specdec.runtime.kv_cache import KVCache
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor                      # [B, n, V] float32 (n = 1 with last_only)
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE, half-split convention (Hugging Face's rotate_half). x [B, H, n, D]; cos, sin [B, 1, n, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d, h, hk, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = h * hd, hk * hd
+        self.input_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.qkv = nn.Linear(d, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o = nn.Linear(h * hd, d, bias=False)
+        self.post_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.gate_up = nn.Linear(d, 2 * cfg.intermediate_size, bias=False)
+        self.down = nn.Linear(cfg.intermediate_size, d, bias=False)
+
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, start: int, mask):
+        B, n, _ = x.shape
+        cfg = self.cfg
+        q, k, v = self.qkv(self.input_norm(x)).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(B, n, cfg.num_heads, cfg.head_dim).transpose(1, 2)
+        k = k.view(B, n, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        v = v.view(B, n, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        cache.write(layer, k, v, start)
+        keys, values = cache.view(layer, start + n)
+        att = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, enable_gqa=cfg.num_heads != cfg.num_kv_heads)
+        x = x + self.o(att.transpose(1, 2).reshape(B, n, -1))
+        gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    def new_cache(self, max_len: int | None = None, batch: int = 1) -> KVCache:
+        max_len = max_len or self.cfg.max_position_embeddings
+        return KVCache(self.cfg.num_layers, batch, self.cfg.num_kv_heads, max_len, self.cfg.head_dim, self.dtype)
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for positions [B, n] -> [B, 1, n, D] in the model dtype (computed in fp32 once)."""
+        need = int(positions.max()) + 1
+        if self._rope_cache is None or self._rope_cache[0].shape[0] < need:
+            size = max(need, self.cfg.max_position_embeddings)
+            hd = self.cfg.head_dim
+            inv_freq = 1.0 / (self.cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+            freqs = torch.outer(torch.arange(size, dtype=torch.float32), inv_freq)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._rope_cache = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
+        cos, sin = self._rope_cache
+        return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, hidden_layers: Sequence[int] = (),
+                exit_layer: int | None = None, last_only: bool = False) -> ForwardOutput:
+        B, n = tokens.shape
+        start = cache.length
+        if start + n > cache.max_len:
+            raise ValueError(f"context overflow: {start + n} positions exceed the cache's {cache.max_len}")
+        if positions is None:
+            positions = torch.arange(start, start + n).expand(B, n)
+        if mask is None and n > 1:
+            # causal over the new positions; every cached slot is visible
+            mask = torch.ones(n, start + n, dtype=torch.bool).tril(diagonal=start)
+        elif mask is not None and mask.dim() == 3:
+            mask = mask.unsqueeze(1)  # [B, 1, n, S]: one mask for all heads
+        cos, sin = self._rope(positions)
+        x = self.embed(tokens)
+        hidden: dict[int, torch.Tensor] = {}
+        n_layers = self.cfg.num_layers if exit_layer is None else exit_layer
+        for i in range(n_layers):
+            x = self.layers[i](x, cos, sin, cache, i, start, mask)
+            if i in hidden_layers:
+                hidden[i] = x
+        cache.length = start + n
+        if last_only:
+            x = x[:, -1:]
+        x = self.norm(x)
+        if -1 in hidden_layers:
+            hidden[-1] = x
+        return ForwardOutput(self.lm_head(x).float(), hidden)

@@ -1,0 +1,130 @@
+"""The lean forward against Hugging Face transformers on the same weights, and the cache's rollbacks."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from specdec.runtime.loader import load_transformer
+from tests.tiny import VOCAB
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_folder):
+    hf = AutoModelForCausalLM.from_pretrained(tiny_folder, dtype=torch.float32).eval()
+    return hf, load_transformer(tiny_folder, torch.float32)
+
+
+def prompt(n=64, seed=1):
+    return torch.randint(0, VOCAB, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def test_logits_match_transformers(pair):
+    hf, ours = pair
+    ids = prompt()
+    with torch.no_grad():
+        ref = hf(ids).logits
+    out = ours(ids, ours.new_cache(128)).logits
+    assert out.shape == ref.shape == (1, 64, VOCAB)
+    assert (out - ref).abs().max().item() <= 1e-3
+    assert ref.std() > 0.1  # the comparison is not between two near-constant tensors
+
+
+def test_incremental_equals_full(pair):
+    _, ours = pair
+    ids = prompt()
+    full = ours(ids, ours.new_cache(128)).logits
+    cache = ours.new_cache(128)
+    pieces = [ours(ids[:, :40], cache).logits]
+    for i in range(40, 64, 3):  # chunks of 3, then singles
+        pieces.append(ours(ids[:, i:i + 3], cache).logits)
+    assert cache.length == 64
+    assert torch.allclose(torch.cat(pieces, 1), full, atol=1e-4)
+
+
+def test_rewind_overwrites_rejected_slots(pair):
+    _, ours = pair
+    ids = prompt(30)
+    cache = ours.new_cache(64)
+    ours(ids[:, :20], cache)
+    ours(torch.randint(0, VOCAB, (1, 6)), cache)  # a rejected draft
+    cache.rewind(6)
+    out = ours(ids[:, 20:], cache).logits
+    ref = ours(ids, ours.new_cache(64)).logits[:, 20:]
+    assert torch.allclose(out, ref, atol=1e-4)
+
+
+def test_tree_mask_and_compact(pair):
+    """A tree of two branches in one forward equals running each branch on its own; compacting the
+    chosen branch leaves the cache as if only that branch had been run."""
+    _, ours = pair
+    ctx = prompt(16)
+    a, b = [5, 6, 7], [9, 10]  # branch a: depth 1..3; branch b: depth 1..2, both children of the context
+    tokens = torch.tensor([a + b])
+    parents = [-1, 0, 1, -1, 3]
+    positions = torch.tensor([[16, 17, 18, 16, 17]])
+    n = len(parents)
+    mask = torch.zeros(1, n, 16 + n, dtype=torch.bool)
+    mask[..., :16] = True
+    for i in range(n):
+        j = i
+        while j != -1:
+            mask[0, i, 16 + j] = True
+            j = parents[j]
+    cache = ours.new_cache(64)
+    ours(ctx, cache)
+    tree = ours(tokens, cache, positions=positions, mask=mask).logits
+    for branch, rows in ((a, [0, 1, 2]), (b, [3, 4])):
+        ref = ours(torch.cat([ctx, torch.tensor([branch])], 1), ours.new_cache(64)).logits[:, 16:]
+        assert torch.allclose(tree[:, rows], ref, atol=1e-4)
+    cache.compact([3, 4], newest=n)  # keep branch b
+    assert cache.length == 18
+    nxt = ours(torch.tensor([[11]]), cache).logits
+    ref = ours(torch.cat([ctx, torch.tensor([b + [11]])], 1), ours.new_cache(64)).logits[:, -1:]
+    assert torch.allclose(nxt, ref, atol=1e-4)
+
+
+def test_hidden_states_and_early_exit(pair):
+    hf, ours = pair
+    ids = prompt(12)
+    with torch.no_grad():
+        ref = hf(ids, output_hidden_states=True).hidden_states  # ref[i+1] = output of layer i
+    out = ours(ids, ours.new_cache(32), hidden_layers=(0, 1)).hidden
+    assert torch.allclose(out[0], ref[1], atol=1e-4) and torch.allclose(out[1], ref[2], atol=1e-4)
+    early = ours(ids, ours.new_cache(32), exit_layer=1).logits
+    expected = ours.lm_head(ours.norm(out[0]))
+    assert torch.allclose(early, expected, atol=1e-4)
+
+
+def test_batch_rows_are_independent(pair):
+    _, ours = pair
+    ids = torch.cat([prompt(10, 1), prompt(10, 2)])
+    out = ours(ids, ours.new_cache(32, batch=2)).logits
+    for row in range(2):
+        single = ours(ids[row:row + 1], ours.new_cache(32)).logits
+        assert torch.allclose(out[row:row + 1], single, atol=1e-4)
+
+
+def test_bf16_close_to_fp32(tiny_folder):
+    fp32 = load_transformer(tiny_folder, torch.float32)
+    bf16 = load_transformer(tiny_folder, torch.bfloat16)
+    ids = prompt(16)
+    a = fp32(ids, fp32.new_cache(32)).logits
+    b = bf16(ids, bf16.new_cache(32)).logits
+    assert b.dtype == torch.float32 and (a - b).abs().max() < 0.1 * a.abs().max()
+
+
+def test_context_overflow_is_an_error(pair):
+    _, ours = pair
+    cache = ours.new_cache(8)
+    with pytest.raises(ValueError, match="context overflow"):
+        ours(prompt(9), cache)
+
+
+def test_cache_argument_checks(pair):
+    _, ours = pair
+    cache = ours.new_cache(8)
+    ours(prompt(4), cache)
+    with pytest.raises(ValueError):
+        cache.rewind(5)
+    with pytest.raises(ValueError):
+        cache.compact([0, 7], newest=3)
