@@ -7,3 +7,11 @@ Chen et al. 2023, "Accelerating LLM Decoding with Speculative Sampling").
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):  # lazy: `import specdec` stays cheap for the CLI
+    if name == "LLM":
+        from specdec.api import LLM
+
+        return LLM
+    raise AttributeError(name)

@@ -1,0 +1,68 @@
+"""`specdec generate`: one completion, streamed to the terminal (or one JSON object with --json)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m",
+                   help="known model name (see `specdec models`), a Hugging Face folder or a .gguf file "
+                        "(default: smollm2-135m)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
+                   help="compute dtype; auto = bf16 where the CPU has bf16 matmuls (AMX/AVX512-BF16), else fp32")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling (all applied inside the target distribution p)")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="token limit (default 128)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1 = off)")
+    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability (0 = off)")
+    g.add_argument("--seed", type=int, default=None, help="random seed: same seed, same output")
+    g.add_argument("--stop", action="append", default=[], metavar="STR",
+                   help="stop string (repeatable); the text ends before it")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate a completion for a prompt",
+                       description="Generate a completion, streaming text as it is committed.")
+    p.add_argument("prompt", help="the prompt text ('-' reads standard input)")
+    add_model_args(p)
+    p.add_argument("--method", default="plain", choices=["plain"], help="decoding method (default plain)")
+    add_sampling_args(p)
+    chat = p.add_mutually_exclusive_group()
+    chat.add_argument("--chat", dest="chat", action="store_true", default=None,
+                      help="wrap the prompt in the model's chat template (default when the model has one)")
+    chat.add_argument("--no-chat", dest="chat", action="store_false", help="use the prompt as raw text")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from specdec.api import LLM
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    llm = LLM(args.model, dtype=args.dtype)
+    kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                  top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop, chat=args.chat,
+                  method=args.method)
+    result = None
+    for chunk in llm.chunks(prompt, **kwargs):
+        if not args.json and chunk.text:
+            print(chunk.text, end="", flush=True)
+        result = chunk.result or result
+    if args.json:
+        out = result.to_dict()
+        out.pop("token_ids")
+        out.update(model=args.model, method=args.method, dtype=str(llm.dtype).replace("torch.", ""))
+        print(json.dumps(out, indent=2))
+    else:
+        print()
+        print(f"[{result.new_tokens} tokens in {result.seconds:.2f} s: {result.tokens_per_s:.1f} tokens/s, "
+              f"{result.target_forwards} target forwards, {result.mean_accepted:.2f} tokens/forward, "
+              f"finish: {result.finish_reason}]", file=sys.stderr)
+    return 0

@@ -1,0 +1,57 @@
+"""Text <-> token ids for a model folder, chat templates, and incremental detokenization for streaming."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specdec.errors import SpecdecError
+
+
+class Tokenizer:
+    def __init__(self, folder: str | Path):
+        from transformers import AutoTokenizer
+
+        folder = Path(folder)
+        try:
+            self.hf = AutoTokenizer.from_pretrained(folder)
+        except Exception as e:  # noqa: BLE001 - transformers raises many kinds
+            raise SpecdecError(f"{folder}: cannot load the tokenizer ({e})") from None
+        self.eos_ids = self._eos_ids(folder)
+
+    def _eos_ids(self, folder: Path) -> frozenset[int]:
+        ids = set()
+        if self.hf.eos_token_id is not None:
+            ids.add(self.hf.eos_token_id)
+        gen = folder / "generation_config.json"
+        if gen.exists():
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+            ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        return frozenset(ids)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.hf, "chat_template", None))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    def encode(self, text: str, chat: bool | None = None) -> list[int]:
+        """Token ids of a prompt; `chat` (default: when the model has a chat template) wraps it as one
+        user turn followed by the assistant's generation prompt."""
+        if chat is None:
+            chat = self.has_chat_template
+        if chat:
+            if not self.has_chat_template:
+                raise SpecdecError("this model has no chat template: use --no-chat")
+            text = self.hf.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                               add_generation_prompt=True)
+            return self.hf.encode(text, add_special_tokens=False)
+        return self.hf.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(ids, skip_special_tokens=True)
+
+    def id_to_piece(self, token: int) -> str:
+        return self.hf.convert_ids_to_tokens(token)
