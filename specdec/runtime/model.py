@@ -36,6 +36,22 @@ class ForwardOutput:
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
+class Linear(nn.Linear):
+    """nn.Linear computing W @ x^T in fp32: on CPUs without native bf16 this streams the weight matrix
+    once for a few positions (a forward over 4 positions costs about one), where x @ W^T costs ~n times one."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight.dtype != torch.float32:
+            return F.linear(x, self.weight, self.bias)
+        flat = x.reshape(-1, x.shape[-1])
+        y = torch.mm(self.weight, flat.t()).t()
+        if flat.shape[0] > 1:
+            y = y.contiguous()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -62,11 +78,11 @@ class Block(nn.Module):
         d, h, hk, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = h * hd, hk * hd
         self.input_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.qkv = nn.Linear(d, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
-        self.o = nn.Linear(h * hd, d, bias=False)
+        self.qkv = Linear(d, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o = Linear(h * hd, d, bias=False)
         self.post_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.gate_up = nn.Linear(d, 2 * cfg.intermediate_size, bias=False)
-        self.down = nn.Linear(cfg.intermediate_size, d, bias=False)
+        self.gate_up = Linear(d, 2 * cfg.intermediate_size, bias=False)
+        self.down = Linear(cfg.intermediate_size, d, bias=False)
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int, start: int, mask):
         B, n, _ = x.shape
@@ -92,7 +108,7 @@ class Transformer(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
