@@ -1,0 +1,163 @@
+"""specdec.sampling: logits -> p with temperature, top-k, top-p, min-p; seeded sampling."""
+
+import math
+
+import pytest
+import torch
+
+from specdec.sampling import SamplingParams, make_generator, probs_from_logits, sample
+
+LOG4 = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
+
+
+def test_greedy_is_one_hot_on_argmax_lowest_index_on_ties():
+    p = probs_from_logits(torch.tensor([[1.0, 3.0, 3.0, 2.0], [0.0, 0.0, 0.0, 0.0]]), SamplingParams())
+    assert p.dtype == torch.float32
+    assert p.tolist() == [[0, 1, 0, 0], [1, 0, 0, 0]]
+    assert SamplingParams().greedy and not SamplingParams(temperature=0.5).greedy
+
+
+def test_temperature():
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    for t in (0.5, 1.0, 2.0):
+        expected = torch.softmax(logits / t, -1)
+        assert torch.allclose(probs_from_logits(logits, SamplingParams(temperature=t)), expected, atol=1e-7)
+
+
+def test_top_k():
+    p = probs_from_logits(LOG4, SamplingParams(temperature=1.0, top_k=2))
+    assert torch.allclose(p, torch.tensor([0.625, 0.375, 0, 0]), atol=1e-6)
+    # top_k >= V is a no-op
+    assert torch.allclose(probs_from_logits(LOG4, SamplingParams(1.0, top_k=10)), LOG4.exp(), atol=1e-6)
+    # ties at the edge are kept
+    tied = probs_from_logits(torch.tensor([1.0, 0.0, 0.0, -1.0]), SamplingParams(1.0, top_k=2))
+    assert (tied > 0).tolist() == [True, True, True, False]
+
+
+def test_top_p_is_the_smallest_nucleus():
+    # module docstring: top_p = 0.75 keeps {0, 1} (0.5 < 0.75 <= 0.8)
+    p = probs_from_logits(LOG4, SamplingParams(temperature=1.0, top_p=0.75))
+    assert torch.allclose(p, torch.tensor([0.625, 0.375, 0, 0]), atol=1e-6)
+    p = probs_from_logits(LOG4, SamplingParams(temperature=1.0, top_p=0.85))
+    assert (p > 0).tolist() == [True, True, True, False]
+    # a tiny top_p still keeps the top token
+    p = probs_from_logits(LOG4, SamplingParams(temperature=1.0, top_p=1e-9))
+    assert p.tolist() == [1, 0, 0, 0]
+
+
+def test_top_p_wide_nucleus_takes_the_full_sort():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 3000) * 0.1  # flat: the nucleus is wider than the 1024 fast path
+    p = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=0.9))
+    ref = torch.softmax(logits, -1)
+    for row, r in zip(p, ref):
+        s, _ = torch.sort(r, descending=True)
+        n = int(((s.double().cumsum(0) - s.double()) < 0.9).sum())
+        assert n > 1024 and int((row > 0).sum()) == n
+
+
+def test_min_p():
+    # min_p = 0.2 drops only the 0.05 token (0.05 < 0.2 * 0.5)
+    p = probs_from_logits(LOG4, SamplingParams(temperature=1.0, min_p=0.2))
+    assert torch.allclose(p, torch.tensor([0.5, 0.3, 0.15, 0]) / 0.95, atol=1e-6)
+    # min_p = 1 keeps only the maximum
+    assert probs_from_logits(LOG4, SamplingParams(1.0, min_p=1.0)).tolist() == [1, 0, 0, 0]
+
+
+def test_order_temperature_topk_topp_minp():
+    logits = torch.tensor([3.0, 2.5, 2.0, 1.0, 0.0, -1.0])
+    params = SamplingParams(temperature=0.7, top_k=4, top_p=0.8, min_p=0.3)
+    # by hand, in the documented order
+    x = logits / 0.7
+    x[4:] = -math.inf  # top-k 4
+    pr = torch.softmax(x, -1)
+    cum = pr.cumsum(0) - pr
+    x[cum >= 0.8] = -math.inf  # nucleus
+    pr = torch.softmax(x, -1)
+    x[pr < 0.3 * pr.max()] = -math.inf  # min-p
+    assert torch.allclose(probs_from_logits(logits, params), torch.softmax(x, -1), atol=1e-6)
+    # min-p acts on the nucleus renormalized after top-k: two tokens survive all four filters
+    p = probs_from_logits(logits, params)
+    assert (p > 0).tolist() == [True, True, False, False, False, False]
+
+
+def test_vectorized_dtype_and_rows_sum_to_one():
+    torch.manual_seed(1)
+    logits = torch.randn(2, 3, 50, dtype=torch.bfloat16)
+    params = SamplingParams(temperature=0.9, top_k=20, top_p=0.9, min_p=0.05)
+    p = probs_from_logits(logits, params)
+    assert p.shape == (2, 3, 50) and p.dtype == torch.float32
+    assert torch.allclose(p.sum(-1), torch.ones(2, 3), atol=1e-6)
+    for i in range(2):
+        for j in range(3):
+            assert torch.allclose(p[i, j], probs_from_logits(logits[i, j], params), atol=1e-7)
+
+
+def test_no_sort_unless_top_p(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("sorted the vocabulary")
+
+    monkeypatch.setattr(torch, "sort", boom)
+    logits = torch.randn(5, 150_000)
+    for params in (SamplingParams(1.0), SamplingParams(0.8, top_k=50), SamplingParams(0.8, min_p=0.1), SamplingParams()):
+        p = probs_from_logits(logits, params)
+        assert p.shape == (5, 150_000)
+
+
+def test_invalid_logits():
+    with pytest.raises(ValueError, match="logits"):
+        probs_from_logits(torch.tensor([1, 2, 3]), SamplingParams(1.0))
+    with pytest.raises(ValueError, match="logits"):
+        probs_from_logits(torch.tensor([float("nan"), 1.0]), SamplingParams())
+    with pytest.raises(ValueError, match="logits"):
+        probs_from_logits(torch.full((3,), -math.inf), SamplingParams(1.0))
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"temperature": -1.0}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_p": float("nan")}, "top_p"),
+        ({"min_p": -0.1}, "min_p"),
+        ({"min_p": 1.1}, "min_p"),
+        ({"seed": 1.5}, "seed"),
+    ],
+)
+def test_params_validation_names_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_same_seed_same_tokens():
+    probs = torch.softmax(torch.randn(4, 1000), -1)
+    a = [sample(probs, g) for g in [make_generator(7)] for _ in range(5)]
+    b = [sample(probs, g) for g in [make_generator(7)] for _ in range(5)]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    c = torch.stack([sample(probs, make_generator(8)) for _ in range(3)])
+    assert c.dtype == torch.long and c.shape == (3, 4)
+    assert isinstance(make_generator(None), torch.Generator)
+
+
+def test_sample_law_and_zero_mass_tokens():
+    g = make_generator(0)
+    p = torch.tensor([0.1, 0.0, 0.6, 0.3, 0.0])
+    n = 40_000
+    counts = torch.bincount(sample(p.expand(n, 5), g), minlength=5).double() / n
+    assert counts[1] == 0 and counts[4] == 0
+    sigma = (p * (1 - p) / n).sqrt().double()
+    assert ((counts - p.double()).abs() <= 5 * sigma + 1e-12).all()
+    # unnormalized rows are fine; one-hot rows are deterministic
+    assert sample(torch.tensor([[0.0, 2.0, 0.0]]), g).tolist() == [1]
+
+
+def test_sample_rejects_invalid_rows():
+    g = make_generator(0)
+    for bad in (torch.tensor([0.5, -0.1, 0.6]), torch.zeros(3), torch.tensor([float("nan"), 1.0])):
+        with pytest.raises(ValueError, match="probs"):
+            sample(bad, g)
