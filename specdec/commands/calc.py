@@ -1,0 +1,101 @@
+"""`specdec calc`: the lesson's speedup arithmetic from the command line (specdec.theory).
+
+    specdec calc --alpha 0.7 -k 4 --tau 0.1        # 2.7731 tokens/round, 1.98x, best k 4
+    specdec calc --alpha 0.7 -k 4 --tau 0.1 --json
+    specdec calc --table alpha                      # speedup across alpha at k=4, tau=0.1
+    specdec calc --table k --alpha 0.7              # speedup across k: where the peak sits
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from specdec import theory
+
+ALPHAS = [0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "calc",
+        help="expected tokens, speedup, best k and break-even alpha for (alpha, k, tau)",
+        description=(
+            "Chapter 2's arithmetic: E[tokens] = (1 - alpha^(k+1)) / (1 - alpha) per round and "
+            "speedup = E / (1 + k*tau) over plain decoding. Defaults are the lesson's worked "
+            "example (alpha=0.7, k=4, tau=0.1)."
+        ),
+        epilog="Example: specdec calc --alpha 0.15 -k 8 --tau 0.1  (0.65x: slower than plain decoding)",
+    )
+    p.add_argument("--alpha", type=float, default=0.7, help="acceptance rate per drafted token, in [0, 1] (default 0.7)")
+    p.add_argument("-k", type=int, default=4, help="tokens drafted per round, >= 0 (default 4)")
+    p.add_argument("--tau", type=float, default=0.1,
+                   help="draft cost per token as a fraction of one target step, >= 0 (default 0.1)")
+    p.add_argument("--k-max", type=int, default=32, help="largest k searched for the best k (default 32)")
+    p.add_argument("--table", choices=["alpha", "k"],
+                   help="print a sweep instead: 'alpha' varies alpha at the given k and tau; "
+                        "'k' varies k from 0 to 10 at the given alpha and tau")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=run)
+
+
+def summary(alpha: float, k: int, tau: float, k_max: int = 32) -> dict:
+    """The numbers `calc` prints, as a dict (keys match --json)."""
+    return {
+        "alpha": alpha,
+        "k": k,
+        "tau": tau,
+        "expected_tokens": theory.expected_tokens(alpha, k),
+        "speedup": theory.speedup(alpha, k, tau),
+        "best_k": theory.best_k(alpha, tau, k_max),
+        "best_speedup": theory.speedup(alpha, theory.best_k(alpha, tau, k_max), tau),
+        "break_even_alpha": theory.break_even_alpha(k, tau),
+        "full_burst_probability": theory.full_burst_probability(alpha, k),
+    }
+
+
+def table_rows(kind: str, alpha: float, k: int, tau: float) -> list[dict]:
+    if kind == "alpha":
+        return [{"alpha": a, "k": k, "tau": tau, "expected_tokens": theory.expected_tokens(a, k),
+                 "speedup": theory.speedup(a, k, tau)} for a in ALPHAS]
+    return [{"alpha": alpha, "k": kk, "tau": tau, "expected_tokens": theory.expected_tokens(alpha, kk),
+             "round_cost": 1 + kk * tau, "speedup": theory.speedup(alpha, kk, tau)} for kk in range(11)]
+
+
+def run(args: argparse.Namespace) -> int:
+    # validate everything up front so errors name the argument, whichever output is asked for
+    theory.speedup(args.alpha, args.k, args.tau)
+    if not 0 <= args.k_max <= 1000:
+        raise ValueError(f"--k-max must be in [0, 1000], got {args.k_max}")
+    if args.table:
+        rows = table_rows(args.table, args.alpha, args.k, args.tau)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+            return 0
+        if args.table == "alpha":
+            print(f"speedup across alpha at k={args.k}, tau={args.tau:g}")
+            print(f"{'alpha':>6} {'E[tokens]':>10} {'speedup':>8}")
+            for r in rows:
+                print(f"{r['alpha']:>6.2f} {r['expected_tokens']:>10.4f} {r['speedup']:>7.3f}x")
+        else:
+            best = max(rows, key=lambda r: r["speedup"])["k"]
+            print(f"speedup across k at alpha={args.alpha:g}, tau={args.tau:g}")
+            print(f"{'k':>3} {'E[tokens]':>10} {'round cost':>11} {'speedup':>8}")
+            for r in rows:
+                mark = "  <- peak" if r["k"] == best else ""
+                print(f"{r['k']:>3} {r['expected_tokens']:>10.4f} {r['round_cost']:>10.2f}x "
+                      f"{r['speedup']:>7.3f}x{mark}")
+        return 0
+    s = summary(args.alpha, args.k, args.tau, args.k_max)
+    if args.json:
+        print(json.dumps(s, indent=2))
+        return 0
+    be = s["break_even_alpha"]
+    be_text = "none (tau > 1: drafting always costs more than it can save)" if be is None else f"{be:.4f}"
+    print(f"alpha={args.alpha:g}  k={args.k}  tau={args.tau:g}")
+    print(f"expected tokens per round  {s['expected_tokens']:.4f}")
+    print(f"speedup                    {s['speedup']:.3f}x")
+    print(f"P(full burst of {args.k + 1} tokens)  {s['full_burst_probability']:.4f}")
+    print(f"best k for this alpha, tau {s['best_k']}  ({s['best_speedup']:.3f}x)")
+    print(f"break-even alpha at this k {be_text}")
+    return 0

@@ -1,0 +1,47 @@
+"""`specdec plot`: draw the lesson's curves to an image file (specdec.plots).
+
+    specdec plot surface --tau 0.1 --out surface.png   # speedup over (alpha, k)
+    specdec plot rounds --alpha 0.7 -k 4 --out rounds.png
+    specdec plot budget -k 4 --out budget.png          # headroom against occupancy
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "plot",
+        help="draw the speedup surface, tokens-per-round distribution, or budget curve",
+        description=(
+            "Draw one of the lesson's pictures: 'surface' is speedup over (alpha, k) for a tau "
+            "(Ch. 2), 'rounds' the distribution of tokens per round for (alpha, k) (Ch. 2), "
+            "'budget' the idle-compute headroom against batch occupancy (Ch. 7)."
+        ),
+        epilog="Example: specdec plot surface --tau 0.1 --out surface.png",
+    )
+    p.add_argument("what", choices=["surface", "rounds", "budget"], help="which picture to draw")
+    p.add_argument("--out", required=True, metavar="FILE.png", help="output image (.png, .svg or .pdf)")
+    p.add_argument("--alpha", type=float, default=0.7, help="acceptance rate for 'rounds' (default 0.7)")
+    p.add_argument("-k", type=int, default=4, help="draft length for 'rounds' and 'budget' (default 4)")
+    p.add_argument("--tau", type=float, default=0.1, help="draft cost ratio for 'surface' (default 0.1)")
+    p.add_argument("--k-max", type=int, default=12, help="largest k on the 'surface' plot (default 12)")
+    p.add_argument("--budget", type=float, default=156,
+                   help="token positions one step verifies for free, for 'budget' (default 156)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from specdec import plots, theory
+
+    if args.what == "surface":
+        path = plots.plot_surface(args.out, tau=args.tau, k_max=args.k_max)
+    elif args.what == "rounds":
+        theory.expected_tokens(args.alpha, args.k)
+        path = plots.plot_rounds(args.out, alpha=args.alpha, k=args.k)
+    else:
+        theory.headroom(args.budget, 0)
+        path = plots.plot_budget(args.out, k=args.k, budget=args.budget)
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,98 @@
+"""`specdec calc` and `specdec plot`."""
+
+import json
+
+import pytest
+
+from specdec.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_calc_worked_example(capsys):
+    code, out, _ = run(capsys, "calc", "--alpha", "0.7", "-k", "4", "--tau", "0.1")
+    assert code == 0
+    assert "2.7731" in out and "1.981x" in out
+    assert "best k for this alpha, tau 4" in out
+    assert "0.2401" in out  # P(full burst)
+
+
+def test_calc_json(capsys):
+    code, out, _ = run(capsys, "calc", "--alpha", "0.15", "-k", "8", "--tau", "0.1", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert {"expected_tokens", "speedup", "best_k", "break_even_alpha"} <= data.keys()
+    assert round(data["speedup"], 2) == 0.65
+    assert data["break_even_alpha"] == pytest.approx(0.4448, abs=1e-4)
+    assert data["best_k"] == 1
+
+
+def test_calc_json_no_break_even(capsys):
+    code, out, _ = run(capsys, "calc", "--alpha", "0.5", "-k", "2", "--tau", "1.5", "--json")
+    assert code == 0 and json.loads(out)["break_even_alpha"] is None
+
+
+def test_calc_tables(capsys):
+    code, out, _ = run(capsys, "calc", "--table", "k")
+    assert code == 0
+    peak = [line for line in out.splitlines() if "peak" in line]
+    assert len(peak) == 1 and peak[0].split()[0] == "4" and "1.981x" in peak[0]
+    code, out, _ = run(capsys, "calc", "--table", "alpha")
+    assert code == 0
+    assert any(line.split()[:1] == ["0.70"] and "1.981x" in line for line in out.splitlines())
+    assert any(line.split()[:1] == ["0.90"] and "2.925x" in line for line in out.splitlines())
+    code, out, _ = run(capsys, "calc", "--table", "alpha", "-k", "8", "--json")
+    rows = json.loads(out)
+    assert [r["alpha"] for r in rows if round(r["speedup"], 2) == 0.65] == [0.15]
+
+
+@pytest.mark.parametrize(
+    "argv, name",
+    [
+        (["--alpha", "1.5"], "alpha"),
+        (["--alpha", "-0.1"], "alpha"),
+        (["--alpha", "nan"], "alpha"),
+        (["-k", "-1"], "k"),
+        (["--tau", "-0.1"], "tau"),
+        (["--k-max", "-1"], "k-max"),
+        (["--table", "alpha", "--tau", "-1"], "tau"),
+    ],
+)
+def test_calc_bad_input_one_line_exit_2(capsys, argv, name):
+    code, out, err = run(capsys, "calc", *argv)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and name in err
+
+
+def test_help_is_complete(capsys):
+    for cmd, flags in [
+        ("calc", ["--alpha", "-k", "--tau", "--k-max", "--table", "--json"]),
+        ("plot", ["surface", "rounds", "budget", "--out", "--alpha", "-k", "--tau", "--k-max", "--budget"]),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            main([cmd, "--help"])
+        assert e.value.code == 0
+        text = capsys.readouterr().out
+        assert all(f in text for f in flags), cmd
+
+
+@pytest.mark.parametrize("what", ["surface", "rounds", "budget"])
+def test_plot_writes_an_image(capsys, tmp_path, what):
+    out = tmp_path / f"{what}.png"
+    code, stdout, _ = run(capsys, "plot", what, "--out", str(out))
+    assert code == 0 and str(out) in stdout
+    data = out.read_bytes()
+    assert len(data) > 10_000 and data[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_bad_input(capsys, tmp_path):
+    code, _, err = run(capsys, "plot", "rounds", "--alpha", "2", "--out", str(tmp_path / "r.png"))
+    assert code == 2 and "alpha" in err and not (tmp_path / "r.png").exists()
+    code, _, err = run(capsys, "plot", "surface", "--out", str(tmp_path / "missing" / "s.png"))
+    assert code == 2 and "--out" in err
+    code, _, err = run(capsys, "plot", "budget", "--out", str(tmp_path / "b.txt"))
+    assert code == 2 and "--out" in err
