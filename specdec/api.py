@@ -4,6 +4,8 @@
     llm = LLM("smollm2-135m")                       # a known name, an HF folder or a .gguf path
     r = llm.generate("Name three colours.", max_new_tokens=32)
     r.text, r.tokens_per_s, r.mean_accepted         # same fields as `specdec generate --json`
+    r = llm.generate("Fix this code: ...", method="prompt-lookup")        # k chosen adaptively
+    r = LLM("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b").generate("...", method="draft", k=4)
     for piece in llm.stream("Tell me a story.", temperature=0.7, seed=1):
         print(piece, end="", flush=True)
 """
@@ -15,16 +17,20 @@ from typing import Iterator, Sequence
 
 import torch
 
+from specdec.adaptive import AdaptiveK, CostCurve, FixedK
 from specdec.decode import Chunk, Request, Result, decode
+from specdec.drafters.base import Drafter
+from specdec.errors import SpecdecError
 from specdec.runtime.loader import load_transformer, resolve_dtype
 from specdec.sampling import SamplingParams
 from specdec.tokenizer import Tokenizer
 
-METHODS = ("plain",)
+METHODS = ("plain", "draft", "prompt-lookup")
 
 
 class LLM:
-    def __init__(self, model: str = "smollm2-135m", dtype: str | None = None, pull: bool = True):
+    def __init__(self, model: str = "smollm2-135m", dtype: str | None = None, pull: bool = True,
+                 draft: str | None = None):
         from specdec.store import resolve
 
         self.name = model
@@ -32,17 +38,69 @@ class LLM:
         self.dtype: torch.dtype = resolve_dtype(dtype)
         self.model = load_transformer(self.folder, self.dtype)
         self.tokenizer = Tokenizer(self.folder)
+        self.draft_name = draft
+        self._draft = None
+        self._cost = None
 
-    def chunks(self, prompt: str | Sequence[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
-                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
-                stop: Sequence[str] = (), chat: bool | None = None, method: str = "plain") -> Iterator[Chunk]:
-        """The decoding loop's chunks: text as it is committed, the final one carrying the Result."""
+    # --- drafters -----------------------------------------------------------------------
+    def drafter(self, method: str) -> Drafter | None:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
+        if method == "plain":
+            return None
+        if method == "prompt-lookup":
+            from specdec.drafters.prompt_lookup import PromptLookup
+
+            return PromptLookup()
+        if method == "draft":
+            return self._draft_model()
+        raise AssertionError(method)
+
+    def _draft_model(self):
+        from specdec.drafters.draft_model import DraftModel, check_same_tokenizer
+        from specdec.store import resolve
+
+        if self.draft_name is None:
+            raise SpecdecError("method 'draft' needs a draft model: pass --draft NAME (e.g. qwen2.5-coder-0.5b)")
+        if self._draft is None:
+            folder = resolve(self.draft_name, pull=True)
+            shared = check_same_tokenizer(self.tokenizer, Tokenizer(folder))
+            model = load_transformer(folder, self.dtype)
+            self._draft = DraftModel(model, self.model.cfg.vocab_size, shared)
+            self._draft.tau_prior = sum(p.numel() for p in model.parameters()) / sum(
+                p.numel() for p in self.model.parameters())
+        return self._draft
+
+    def policy(self, k: int | str, drafter: Drafter | None):
+        if drafter is None:
+            return None
+        if k == "auto":
+            return AdaptiveK(cost=self.cost_curve(), tau=getattr(drafter, "tau_prior", 0.0))
+        if not isinstance(k, int) or k < 0:
+            raise ValueError(f"k must be a non-negative integer or 'auto', got {k!r}")
+        return FixedK(k)
+
+    def cost_curve(self) -> CostCurve:
+        """The verify-cost curve from `specdec probe` (cached per model and dtype), else a mild default."""
+        if self._cost is None:
+            from specdec.probe import load_cached
+
+            probe = load_cached(self.name, str(self.dtype).replace("torch.", ""))
+            self._cost = CostCurve.from_probe(probe) if probe else CostCurve()
+        return self._cost
+
+    # --- generation -----------------------------------------------------------------------
+    def chunks(self, prompt: str | Sequence[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
+               top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
+               stop: Sequence[str] = (), chat: bool | None = None, method: str = "plain",
+               k: int | str = "auto") -> Iterator[Chunk]:
+        """The decoding loop's chunks: text as it is committed, the final one carrying the Result."""
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
         request = Request(max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop))
+        drafter = self.drafter(method)
+        policy = self.policy(k, drafter)
         ids = list(prompt) if not isinstance(prompt, str) else self.tokenizer.encode(prompt, chat=chat)
-        return decode(self.model, self.tokenizer, ids, request)
+        return decode(self.model, self.tokenizer, ids, request, drafter, policy)
 
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[str]:
         """Yield text as tokens are committed (same keyword arguments as `generate`)."""
@@ -53,7 +111,8 @@ class LLM:
     def generate(self, prompt: str | Sequence[int], **kwargs) -> Result:
         """Generate a completion. Keyword arguments: max_new_tokens, temperature (0 = greedy), top_k,
         top_p, min_p, seed, stop (list of strings), chat (None = use the chat template if the model has one),
-        method. A prompt may also be a list of token ids (used as is)."""
+        method (plain, draft, prompt-lookup), k (draft length, or "auto"). A prompt may also be a list of
+        token ids (used as is)."""
         for chunk in self.chunks(prompt, **kwargs):
             if chunk.result is not None:
                 return chunk.result

@@ -1,10 +1,16 @@
-"""THE decoding loop, for one request, as a generator of text chunks.
+"""THE decoding loop, for one request, as a generator of text chunks (DESIGN.md, "one loop"):
 
-Plain decoding is the loop with no drafter: each target forward yields one token. Every
-committed token passes through `Stopper`, one at a time, so EOS, stop strings and the
-token limit end generation at exactly the same token whichever way tokens were produced.
+    draft  = drafter.propose(context, k)          # a Draft: tokens, parents, q (None = deterministic)
+    logits = target([last] + draft.tokens)         # ONE target pass over all candidate positions
+    result = verify(draft, p(logits))              # accepted tokens + one recovered or bonus token
+    cache.rewind(rejected)                         # rollback is bookkeeping
+    drafter.observe(...); policy.observe(...)       # feedback: pools, adaptive k, acceptance stats
 
-    for chunk in decode(model, tokenizer, prompt_ids, Request(max_new_tokens=32)):
+Plain decoding is the same loop with no drafter (k = 0): one token per target forward.
+Every committed token passes through `Stopper`, one at a time, so EOS, stop strings and the
+token limit inside an accepted block end generation at exactly the token plain decoding would.
+
+    for chunk in decode(model, tokenizer, prompt_ids, Request(max_new_tokens=32), drafter, AdaptiveK()):
         print(chunk.text, end="")          # streamed text
     chunk.result                           # on the last chunk: a Result (text, speed, counters)
 """
@@ -17,10 +23,14 @@ from typing import Iterator
 
 import torch
 
+from specdec.adaptive import FixedK
+from specdec.draft import Draft
+from specdec.drafters.base import Context, Drafter, Outcome
 from specdec.errors import SpecdecError
 from specdec.runtime.model import Transformer
-from specdec.sampling import SamplingParams, make_generator, probs_from_logits, sample
+from specdec.sampling import SamplingParams, make_generator, probs_from_logits
 from specdec.tokenizer import Tokenizer
+from specdec.verify import verify
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,13 @@ class Result:
     mean_accepted: float        # new tokens per target forward (1.0 for plain decoding)
     finish_reason: str          # "stop" (EOS or a stop string) or "length"
     prefill_seconds: float
+    acceptance_rate: float      # accepted / drafted (0 when nothing was drafted)
+    accepted_per_position: list[float]  # P(draft position i accepted | reached), i = 1, 2, ...
+    drafted: int
+    accepted: int
+    draft_seconds: float
+    target_seconds: float
+    rounds: list[dict] = field(repr=False, default_factory=list)  # per round: drafted, accepted, kind, seconds
     token_ids: list[int] = field(repr=False, default_factory=list)
 
     def to_dict(self) -> dict:
@@ -56,7 +73,8 @@ class Result:
 @dataclass
 class Chunk:
     text: str                   # newly committed text (may be empty)
-    tokens: list[int]           # tokens committed by this step
+    tokens: list[int]           # tokens committed by this round
+    accepted: int = 0           # how many of them were accepted draft tokens (the rest: recovered/bonus)
     result: Result | None = None  # set on the final chunk only
 
 
@@ -111,36 +129,99 @@ def check_context(model: Transformer, prompt_len: int, max_new_tokens: int) -> N
             f"of {limit} tokens: shorten the prompt or lower --max-new-tokens")
 
 
-def next_token(logits: torch.Tensor, sampling: SamplingParams, gen: torch.Generator) -> int:
-    """One token from the last row of logits [V]: argmax when greedy, else a draw from p."""
-    if sampling.greedy:
-        return int(logits.argmax())
-    return int(sample(probs_from_logits(logits, sampling), gen))
+def target_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """Rows of p the verifier needs; greedy verification reads argmaxes, so logits serve as they are."""
+    return logits if sampling.greedy else probs_from_logits(logits, sampling)
 
 
-def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], request: Request) -> Iterator[Chunk]:
-    """Plain decoding: prefill, then one target forward per token."""
+def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], request: Request,
+           drafter: Drafter | None = None, policy=None) -> Iterator[Chunk]:
+    """Generate for one request. `drafter` None is plain decoding; `policy` chooses k each round
+    (`specdec.adaptive.AdaptiveK`, or `FixedK(k)`; default FixedK(4) when a drafter is given)."""
     if not prompt_ids:
         raise SpecdecError("the prompt is empty")
     check_context(model, len(prompt_ids), request.max_new_tokens)
-    gen = make_generator(request.sampling.seed)
+    sampling = request.sampling
+    policy = policy or FixedK(4 if drafter else 0)
+    mode = "greedy" if sampling.greedy else "exact"
+    gen = make_generator(sampling.seed)
     stopper = Stopper(tokenizer, request)
+    if drafter:
+        drafter.reset()
+    k_room = getattr(policy, "k_max", getattr(policy, "k", 0))
     t0 = time.perf_counter()
-    cache = model.new_cache(len(prompt_ids) + request.max_new_tokens + 1)
-    logits = model(torch.tensor([prompt_ids]), cache, last_only=True).logits[0, -1]
+    cache = model.new_cache(len(prompt_ids) + request.max_new_tokens + k_room + 1)
+    logits = model(torch.tensor([prompt_ids[:-1]]), cache).logits if len(prompt_ids) > 1 else None
     prefill = time.perf_counter() - t0
-    forwards = 1
-    while True:
-        token = next_token(logits, request.sampling, gen)
-        done = stopper.push(token)
-        if done:
-            break
-        yield Chunk(stopper.new_text(), [token])
-        logits = model(torch.tensor([[token]]), cache).logits[0, -1]
+    ctx = Context(tokens=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling, generator=gen)
+    forwards, draft_s, target_s, rounds = 0, 0.0, 0.0, []
+    done = False
+    while not done:
+        remaining = request.max_new_tokens - len(stopper.ids)
+        k = min(policy.choose(), remaining - 1) if drafter else 0
+        td = time.perf_counter()
+        draft = drafter.propose(ctx, k) if k > 0 else Draft.empty()
+        if len(draft) > max(k, 0):
+            raise RuntimeError(f"{drafter.name} proposed {len(draft)} tokens for k = {k}")
+        tv = time.perf_counter()
+        n = len(draft)
+        inputs = torch.tensor([[ctx.tokens[-1]] + draft.tokens.tolist()])
+        positions = mask = None
+        if n and not draft.is_chain:  # a tree: positions by depth, each node sees its ancestors
+            from specdec.draft import position_offsets, tree_attention_mask
+
+            start = cache.length
+            positions = (start + torch.cat([torch.zeros(1, dtype=torch.long), position_offsets(draft.parents)]))[None]
+            mask = torch.ones(1, n + 1, start + n + 1, dtype=torch.bool)
+            mask[0, :, start:] = False
+            mask[0, :, start] = True
+            mask[0, 1:, start + 1:] = tree_attention_mask(draft.parents)
+        logits = model(inputs, cache, positions=positions, mask=mask).logits[0]  # [n+1, V]
         forwards += 1
+        result = verify(draft, target_probs(logits, sampling), gen, mode, validate=False)
+        if draft.is_chain:
+            cache.rewind(n - result.num_accepted)
+        else:
+            cache.compact([0] + [i + 1 for i in result.path], newest=n + 1)
+        t1 = time.perf_counter()
+        draft_s += tv - td
+        target_s += t1 - tv
+        emitted = result.tokens.tolist()
+        committed = []
+        for token in emitted:
+            committed.append(token)
+            if stopper.push(token):
+                done = True
+                break
+        ctx.tokens.extend(emitted)
+        if drafter:
+            drafter.observe(Outcome(draft, result.num_accepted, emitted))
+            if n:
+                policy.observe(n, result.num_accepted)
+                if hasattr(policy, "timing"):
+                    policy.timing(n, tv - td, t1 - tv)
+        rounds.append(dict(drafted=n, accepted=result.num_accepted, kind=result.kind if n else "plain",
+                           committed=len(committed), draft_s=tv - td, target_s=t1 - tv, t=t1 - t0))
+        accepted_here = min(result.num_accepted, len(committed))
+        if not done:
+            yield Chunk(stopper.new_text(), committed, accepted_here)
     seconds = time.perf_counter() - t0
+    yield Chunk(stopper.new_text(), committed, accepted_here,
+                summarize(stopper, len(prompt_ids), seconds, prefill, forwards, draft_s, target_s, rounds))
+
+
+def summarize(stopper: Stopper, prompt_len: int, seconds: float, prefill: float, forwards: int,
+              draft_s: float, target_s: float, rounds: list[dict]) -> Result:
     n = len(stopper.ids)
-    result = Result(text=stopper.text, prompt_tokens=len(prompt_ids), new_tokens=n, seconds=seconds,
-                    tokens_per_s=n / seconds, target_forwards=forwards, mean_accepted=n / forwards,
-                    finish_reason=stopper.finish_reason, prefill_seconds=prefill, token_ids=stopper.ids)
-    yield Chunk(stopper.new_text(), [token], result)
+    drafted = sum(r["drafted"] for r in rounds)
+    accepted = sum(r["accepted"] for r in rounds)
+    per_pos = []
+    for i in range(max((r["drafted"] for r in rounds), default=0)):
+        reached = [r for r in rounds if r["drafted"] > i and r["accepted"] >= i]
+        per_pos.append(sum(r["accepted"] > i for r in reached) / len(reached) if reached else 0.0)
+    return Result(text=stopper.text, prompt_tokens=prompt_len, new_tokens=n, seconds=seconds,
+                  tokens_per_s=n / seconds, target_forwards=forwards, mean_accepted=n / max(forwards, 1),
+                  finish_reason=stopper.finish_reason, prefill_seconds=prefill,
+                  acceptance_rate=accepted / drafted if drafted else 0.0, accepted_per_position=per_pos,
+                  drafted=drafted, accepted=accepted, draft_seconds=draft_s, target_seconds=target_s,
+                  rounds=rounds, token_ids=stopper.ids)

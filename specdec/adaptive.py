@@ -1,0 +1,123 @@
+"""Adaptive k: choose each round's draft length from the lesson's speedup formula (Ch. 2),
+with measured inputs instead of assumed ones.
+
+    speedup(k) = E[tokens](k) / cost(k)
+    E[tokens](k) = 1 + sum_{i=1..k} prod_{j<=i} alpha_j        (alpha_j: acceptance at draft position j
+                                                                 given positions < j were accepted)
+    cost(k) = verify(k+1) + k * tau                             (in units of one plain target step)
+
+alpha_j is a running, decaying per-position estimate for this request and source (acceptance
+decays along a draft, so one alpha would overestimate long drafts); tau is the measured draft
+cost per token over the measured plain step; verify(n) is the forward-cost curve from
+`specdec probe` (1.0 at n = 1), refined by the forwards this request makes. k = 0 (a plain
+step) is chosen when speculation is predicted to lose, with an occasional k = 1 probe so a
+source that starts to match again is noticed.
+
+Example: alpha = 0.7 at every position, tau = 0.1, flat verify cost: E(4) = 2.77,
+cost = 1.4, speedup 1.98 (the lesson's worked numbers); alpha = 0.05 gives k = 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CostCurve:
+    """verify(n): cost of one target forward over n positions relative to n = 1."""
+
+    points: dict[int, float] = field(default_factory=lambda: {1: 1.0, 64: 4.0})
+
+    def __call__(self, n: int) -> float:
+        xs = sorted(self.points)
+        if n <= xs[0]:
+            return self.points[xs[0]]
+        for a, b in zip(xs, xs[1:]):
+            if n <= b:
+                w = (n - a) / (b - a)
+                return self.points[a] * (1 - w) + self.points[b] * w
+        return self.points[xs[-1]]
+
+    @classmethod
+    def from_probe(cls, probe) -> "CostCurve":
+        return cls(dict(probe.relative))
+
+
+@dataclass
+class AdaptiveK:
+    k_max: int = 8
+    cost: CostCurve = field(default_factory=CostCurve)
+    prior_alpha: float = 0.6       # optimistic start: speculation gets a chance to show itself
+    prior_weight: float = 2.0
+    decay: float = 0.9             # per-observation forgetting, so the estimate follows the text
+    explore_every: int = 8         # after this many plain steps, try k = 1 once
+    tau: float = 0.0               # draft cost per token, in target steps (a prior, then measured)
+    tau_measured: int = 0
+    accepted: list[float] = field(default_factory=list)
+    tried: list[float] = field(default_factory=list)
+    plain_streak: int = 0
+
+    def alphas(self) -> list[float]:
+        out, prev = [], self.prior_alpha
+        for j in range(self.k_max):
+            if j < len(self.tried) and self.tried[j] > 0:
+                a = (self.accepted[j] + self.prior_weight * prev) / (self.tried[j] + self.prior_weight)
+            else:
+                a = prev
+            out.append(a)
+            prev = a
+        return out
+
+    def predicted(self) -> list[float]:
+        """Predicted speedup for k = 0 .. k_max."""
+        alphas, e, reach, out = self.alphas(), 1.0, 1.0, [1.0]
+        for k in range(1, self.k_max + 1):
+            reach *= alphas[k - 1]
+            e += reach
+            out.append(e / (self.cost(k + 1) + k * self.tau))
+        return out
+
+    def choose(self) -> int:
+        pred = self.predicted()
+        k = max(range(len(pred)), key=lambda i: (pred[i], -i))
+        if k == 0:
+            self.plain_streak += 1
+            if self.plain_streak >= self.explore_every:
+                self.plain_streak = 0
+                return 1
+        else:
+            self.plain_streak = 0
+        return k
+
+    def timing(self, drafted: int, draft_seconds: float, target_seconds: float, smoothing: float = 0.3) -> None:
+        """Update tau from one round's measured times: draft seconds per token over the target's
+        one-position step time (the round's target time divided by the verify-cost curve)."""
+        if drafted <= 0:
+            return
+        step = target_seconds / self.cost(drafted + 1)
+        tau = (draft_seconds / drafted) / step
+        self.tau = tau if self.tau_measured == 0 else (1 - smoothing) * self.tau + smoothing * tau
+        self.tau_measured += 1
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """A round drafted `drafted` tokens in a chain and the first `accepted` were kept."""
+        while len(self.tried) < drafted:
+            self.tried.append(0.0)
+            self.accepted.append(0.0)
+        for j in range(drafted):
+            self.tried[j] *= self.decay
+            self.accepted[j] *= self.decay
+        for j in range(min(drafted, accepted + 1)):  # positions reached
+            self.tried[j] += 1.0
+            self.accepted[j] += 1.0 if j < accepted else 0.0
+
+
+@dataclass
+class FixedK:
+    k: int
+
+    def choose(self) -> int:
+        return self.k
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        pass

@@ -1,0 +1,48 @@
+"""The drafter interface: `propose(context, k) -> Draft` and `observe(outcome)`.
+
+A drafter sees only the `Context` (token history, sampling settings, the request's random
+generator) and returns a Draft: tokens + parents + optional q (None = deterministic, as for
+prompt lookup). It never touches the target. `observe` reports how the round went, so pools,
+caches and acceptance statistics can update. An empty Draft means "nothing to propose": the
+round becomes a plain decoding step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec.draft import Draft
+from specdec.sampling import SamplingParams
+
+
+@dataclass
+class Context:
+    tokens: list[int]             # prompt + committed tokens (the last one is not yet in the target's cache)
+    prompt_len: int
+    sampling: SamplingParams
+    generator: torch.Generator    # the request's generator (drafters that sample draw from it)
+
+
+@dataclass
+class Outcome:
+    draft: Draft
+    num_accepted: int
+    emitted: list[int]            # accepted draft tokens + the recovered or bonus token
+
+
+class Drafter:
+    """Base class: subclasses implement `propose`; the rest is optional."""
+
+    name = "drafter"
+    deterministic = True          # q is None: rejection sampling uses q one-hot on the drafted token
+
+    def propose(self, ctx: Context, k: int) -> Draft:
+        raise NotImplementedError
+
+    def observe(self, outcome: Outcome) -> None:
+        """Feedback after verification (default: nothing)."""
+
+    def reset(self) -> None:
+        """Forget per-request state before a new request."""

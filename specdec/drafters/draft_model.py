@@ -1,0 +1,87 @@
+"""A small draft model (Leviathan et al. 2023; Chen et al. 2023: "speculative sampling").
+
+The draft runs autoregressively for k tokens with its own static KV cache, sampling each
+token from q = its distribution under the request's own sampling settings (so q and p are
+shaped alike and overlap well); in greedy mode it drafts its argmax and q is not needed.
+Its cache is kept in step with the committed tokens by longest common prefix: after a
+rejection the draft cache is rewound to what both agree on, and only new tokens are fed.
+
+Example: Qwen2.5-Coder-0.5B drafting for Qwen2.5-Coder-1.5B (same tokenizer; the vocabulary
+matrices are padded to different sizes, so q is cut to the ids both models share).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.draft import Draft
+from specdec.drafters.base import Context, Drafter
+from specdec.errors import SpecdecError
+from specdec.runtime.model import Transformer
+from specdec.sampling import probs_from_logits, sample
+
+
+def check_same_tokenizer(target_tok, draft_tok) -> int:
+    """The number of token ids the two models share; refuses tokenizers that map text differently."""
+    a, b = target_tok.hf.get_vocab(), draft_tok.hf.get_vocab()
+    if a != b:
+        diff = len(set(a.items()) ^ set(b.items()))
+        raise SpecdecError(f"the draft model's tokenizer differs from the target's ({diff} vocabulary entries "
+                           "differ): choose a draft model of the same family")
+    return len(a)
+
+
+class DraftModel(Drafter):
+    name = "draft"
+    deterministic = False
+
+    def __init__(self, model: Transformer, target_vocab: int, shared_vocab: int, max_len: int = 4096):
+        self.model = model
+        self.target_vocab = target_vocab
+        self.shared = min(shared_vocab, target_vocab, model.cfg.vocab_size)
+        self.max_len = max_len
+        self.cache = None
+        self.fed: list[int] = []  # tokens whose KV is in self.cache
+
+    def reset(self) -> None:
+        self.cache = None
+        self.fed = []
+
+    def _catch_up(self, tokens: list[int]) -> torch.Tensor:
+        """Bring the cache to `tokens[:-1]` plus feed the last token; return logits after it [V]."""
+        if self.cache is None or len(tokens) + 64 > self.cache.max_len:
+            self.cache = self.model.new_cache(max(self.max_len, len(tokens) + 256))
+            self.fed = []
+        common = 0
+        for a, b in zip(self.fed, tokens):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(tokens) - 1)  # always feed at least the last token
+        self.cache.rewind(self.cache.length - common)
+        self.fed = self.fed[:common]
+        new = tokens[common:]
+        logits = self.model(torch.tensor([new]), self.cache, last_only=True).logits[0, -1]
+        self.fed.extend(new)
+        return logits
+
+    def propose(self, ctx: Context, k: int) -> Draft:
+        logits = self._catch_up(ctx.tokens)
+        tokens, qs = [], []
+        for i in range(k):
+            logits = logits[:self.shared]
+            if ctx.sampling.greedy:
+                t = int(logits.argmax())
+            else:
+                q = probs_from_logits(logits, ctx.sampling)
+                t = int(sample(q, ctx.generator))
+                qs.append(q)
+            tokens.append(t)
+            if i + 1 < k:
+                logits = self.model(torch.tensor([[t]]), self.cache).logits[0, -1]
+                self.fed.append(t)
+        q = None
+        if qs:
+            q = torch.zeros(len(qs), self.target_vocab)
+            q[:, :self.shared] = torch.stack(qs)
+        return Draft.chain(tokens, q)
