@@ -1,0 +1,193 @@
+"""Benchmark reports: per method x category summary, a Markdown table, results.json and a bar chart.
+
+Per method and category (and "all"):
+- tok/s median: median over generations of new tokens / seconds; tok/s total: sum tokens / sum seconds;
+- x plain: our plain decoding's total seconds / this method's total seconds on the same prompts
+  (the speedup; > 1 is faster); x hf-plain the same against transformers' plain generate;
+- accepted/fwd: new tokens / target forwards (mean accepted length, bonus included; 1.0 for plain);
+- alpha: accepted / drafted draft tokens;
+- greedy: "ok" when every generation's token ids equal plain's, else the count of mismatches.
+
+    rows = summarize(records)                 # list of dicts
+    print(markdown_table(rows))
+    write_outputs("out/", records, rows, meta)  # results.md, results.json, speedup.png
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Sequence
+
+ALL = "all"
+
+
+def _ordered(values) -> list:
+    return list(dict.fromkeys(values))
+
+
+def summarize(records: Sequence[dict], methods: Sequence[str] | None = None) -> list[dict]:
+    """One row per category x method (categories in order of appearance, then "all")."""
+    methods = list(methods) if methods else _ordered(r["method"] for r in records)
+    cats = _ordered(r["category"] for r in records)
+    rows = []
+    for cat in cats + ([ALL] if len(cats) > 1 else []):
+        in_cat = [r for r in records if cat == ALL or r["category"] == cat]
+        totals = {m: sum(r["seconds"] for r in in_cat if r["method"] == m) for m in methods}
+        for m in methods:
+            rs = [r for r in in_cat if r["method"] == m]
+            if not rs:
+                continue
+            tokens = sum(r["new_tokens"] for r in rs)
+            seconds = sum(r["seconds"] for r in rs)
+            fwd = [r["target_forwards"] for r in rs]
+            drafted = [r["drafted"] for r in rs]
+            mism = [r["mismatch"] for r in rs if r.get("mismatch")]
+            rows.append(dict(
+                category=cat, method=m, generations=len(rs), new_tokens=tokens, seconds=seconds,
+                tokens_per_s_median=statistics.median(r["tokens_per_s"] for r in rs),
+                tokens_per_s_total=tokens / seconds if seconds > 0 else 0.0,
+                speedup_vs_plain=totals["plain"] / seconds if "plain" in totals and seconds > 0 else None,
+                speedup_vs_hf_plain=(totals["hf-plain"] / seconds
+                                     if "hf-plain" in totals and totals["hf-plain"] > 0 and seconds > 0 else None),
+                mean_accepted=tokens / sum(fwd) if all(f for f in fwd) else None,
+                acceptance_rate=(sum(r["accepted"] for r in rs) / sum(drafted)
+                                 if all(d is not None for d in drafted) and sum(drafted) else None),
+                mismatches=len(mism), near_ties=sum(bool(x.get("near_tie")) for x in mism),
+            ))
+    return rows
+
+
+def _f(x, fmt: str, none: str = "–") -> str:
+    return none if x is None else format(x, fmt)
+
+
+def greedy_cell(row: dict, greedy: bool) -> str:
+    if not greedy:
+        return "–"
+    if row["method"] == "plain":
+        return "ref"
+    if not row["mismatches"]:
+        return "ok"
+    nt = f" ({row['near_ties']} near-tie)" if row["near_ties"] else ""
+    return f"**{row['mismatches']} MISMATCH**{nt}"
+
+
+def markdown_table(rows: Sequence[dict], greedy: bool = True) -> str:
+    head = ["category", "method", "gens", "tokens", "tok/s median", "tok/s total", "× plain", "× hf-plain",
+            "accepted/fwd", "α", "greedy = plain"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["--:"] * (len(head) - 3) + [":-:"]) + "|"]
+    for r in rows:
+        cells = [r["category"], r["method"], str(r["generations"]), str(r["new_tokens"]),
+                 _f(r["tokens_per_s_median"], ".1f"), _f(r["tokens_per_s_total"], ".1f"),
+                 _f(r["speedup_vs_plain"], ".2f") + ("×" if r["speedup_vs_plain"] is not None else ""),
+                 _f(r["speedup_vs_hf_plain"], ".2f") + ("×" if r["speedup_vs_hf_plain"] is not None else ""),
+                 _f(r["mean_accepted"], ".2f"), _f(r["acceptance_rate"], ".2f"), greedy_cell(r, greedy)]
+        if r["category"] == ALL:
+            cells[:2] = [f"**{cells[0]}**", f"**{cells[1]}**"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict:
+    import torch
+    import transformers
+
+    return dict(cpu=cpu_model(), cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
+                torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
+                platform=platform.platform())
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def plot_speedup(rows: Sequence[dict], path: str | Path, title: str = "") -> Path:
+    """Grouped bars: speedup over our plain decoding, per category (x) and method (bars)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cats = _ordered(r["category"] for r in rows)
+    methods = [m for m in _ordered(r["method"] for r in rows) if m != "plain"] or ["plain"]
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(cats) * max(1, len(methods)) ** 0.5 + 2), 4.2))
+    for j, m in enumerate(methods):
+        xs, ys = [], []
+        for i, c in enumerate(cats):
+            r = next((r for r in rows if r["category"] == c and r["method"] == m), None)
+            if r and r["speedup_vs_plain"] is not None:
+                xs.append(i - 0.4 + width * (j + 0.5))
+                ys.append(r["speedup_vs_plain"])
+        ax.bar(xs, ys, width, label=m, hatch="//" if m.startswith("hf-") else None,
+                      edgecolor="white" if m.startswith("hf-") else None)
+        for x, y in zip(xs, ys):
+            ax.text(x, y, f"{y:.2f}", ha="center", va="bottom", fontsize=7)
+    ax.axhline(1.0, color="black", lw=0.8, ls="--", label="our plain")
+    ax.set_xticks(range(len(cats)))
+    ax.set_xticklabels(cats, rotation=30 if len(cats) > 4 else 0, ha="right" if len(cats) > 4 else "center")
+    ax.set_ylabel("speedup over our plain decoding (×)")
+    ax.set_title(title or "specdec bench")
+    ax.legend(fontsize=8, ncol=min(len(methods) + 1, 4))
+    ax.set_ylim(0, max([r["speedup_vs_plain"] or 0 for r in rows] + [1.2]) * 1.15)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def results_markdown(rows: Sequence[dict], meta: dict) -> str:
+    m, s = meta["machine"], meta["settings"]
+    greedy = s["temperature"] <= 0
+    lines = [
+        f"# specdec bench: {meta['model']}" + (f" (draft {meta['draft']})" if meta.get("draft") else ""),
+        "",
+        "```",
+        meta["command"],
+        "```",
+        "",
+        f"- date: {meta['date']}",
+        f"- machine: {m['cpu']}, {m['cpu_count']} CPUs, torch threads {m['torch_threads']}; "
+        f"torch {m['torch']}, transformers {m['transformers']}, Python {m['python']}",
+        f"- dtype: {meta['dtype']}; prompts: {meta['prompts']} ({meta['n_prompts']} prompts, "
+        f"{meta['n_turns']} turns, limit {s['limit'] or 'none'} per category)",
+        f"- decoding: " + ("greedy" if greedy else f"temperature {s['temperature']}, top-p {s['top_p']}, "
+                                                   f"seed {s['seed']}")
+        + f", max new tokens {s['max_new_tokens']}, k {s['k']}",
+        "- speedups are ratios of total wall time (prefill included) on the same prompts; every method "
+        "had one untimed warm-up and methods ran interleaved per prompt",
+        "",
+        markdown_table(rows, greedy),
+        "",
+    ]
+    mism = meta.get("mismatches") or []
+    if mism:
+        lines += ["## Greedy mismatches", ""] + [f"- {x}" for x in mism] + [""]
+    return "\n".join(lines)
+
+
+def write_outputs(out: str | Path, records: Sequence[dict], rows: Sequence[dict], meta: dict) -> dict[str, Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = dict(md=out / "results.md", json=out / "results.json", png=out / "speedup.png")
+    paths["md"].write_text(results_markdown(rows, meta), encoding="utf-8")
+    paths["json"].write_text(json.dumps(dict(meta=meta, summary=list(rows), records=list(records)), indent=1),
+                             encoding="utf-8")
+    plot_speedup(rows, paths["png"], title=f"{meta['model']} {meta['dtype']}: speedup over our plain decoding")
+    return paths

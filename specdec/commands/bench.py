@@ -1,0 +1,144 @@
+"""`specdec bench`: tokens/s, speedup, mean accepted length and acceptance rate per method and category.
+
+    specdec bench --model smollm2-135m --methods plain,prompt-lookup --prompts humanevalfix \\
+        --limit 5 --max-new-tokens 128 --compare-hf --dtype fp32 --out benchmarks/smollm2-humanevalfix
+
+Prints a Markdown table and writes DIR/results.md, DIR/results.json (every generation and the
+summary) and DIR/speedup.png. See specdec/bench/ for the rules (warm-up, interleaving, greedy check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+
+def k_value(s: str):
+    if s == "auto":
+        return s
+    try:
+        k = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a non-negative integer, got {s!r}") from None
+    if k < 0:
+        raise argparse.ArgumentTypeError(f"k must be >= 0, got {k}")
+    return k
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="benchmark decoding methods on prompt sets (Spec-Bench, HumanEvalFix)",
+        description=(
+            "Run every prompt through every method, interleaved (each method gets one untimed warm-up, "
+            "then for each prompt all methods run back to back), and report per method x category: "
+            "tokens/s (median and total), speedup over our plain decoding (ratio of total wall time on the "
+            "same prompts; plain is always included), mean accepted length (new tokens per target forward), "
+            "acceptance rate alpha, and, when greedy, whether every method's tokens equal plain's. "
+            "Multi-turn prompts run turn after turn, each turn's chat holding the earlier questions and plain "
+            "decoding's answers. With --compare-hf, transformers' generate runs on the same prompt ids and "
+            "weights as hf-plain, hf-assisted (with --draft) and hf-prompt-lookup, and every speedup is also "
+            "given against hf-plain."),
+        epilog=("Writes DIR/results.md (table, command, date, machine), DIR/results.json (every generation "
+                "and the summary) and DIR/speedup.png; prints the table to stdout and a progress bar to "
+                "stderr. Example: specdec bench --model smollm2-135m --methods plain,prompt-lookup "
+                "--prompts humanevalfix --limit 5 --compare-hf --out benchmarks/smollm2-humanevalfix"),
+    )
+    p.add_argument("--model", default="smollm2-135m",
+                   help="target model: a known name (see `specdec models`), a Hugging Face folder or a .gguf file (default: smollm2-135m)")
+    p.add_argument("--draft", metavar="NAME", default=None,
+                   help="draft model for method 'draft' and for hf-assisted (same tokenizer as the target)")
+    p.add_argument("--methods", default="plain,prompt-lookup",
+                   help="comma-separated methods from specdec.api.METHODS; plain is added when missing (default: plain,prompt-lookup)")
+    p.add_argument("--prompts", required=True, metavar="FILE.jsonl",
+                   help="'spec-bench' (data/spec_bench/dev.jsonl), 'humanevalfix' "
+                        "(data/code_edit/humanevalfix_dev.jsonl) or a path to a jsonl file in either format")
+    p.add_argument("--categories", default=None, metavar="A,B",
+                   help="comma-separated categories to keep (default: all)")
+    p.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="the first N prompts of each category, in file order (default: all)")
+    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="token limit per generation, i.e. per turn (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy, the default (then every method's tokens are checked against plain's)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus mass in (0, 1] (default 1 = off)")
+    p.add_argument("--seed", type=int, default=0, help="random seed for sampling, ours and HF's (default 0)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
+                   help="compute dtype for ours and HF's; auto = bf16 where the CPU has bf16 matmuls, else fp32 (default auto)")
+    p.add_argument("--k", type=k_value, default="auto", metavar="auto|N",
+                   help="draft length: auto (adaptive, the default) or a fixed N")
+    p.add_argument("--compare-hf", action="store_true",
+                   help="also run transformers' generate: hf-plain, hf-assisted (with --draft), hf-prompt-lookup")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for results.md, results.json, speedup.png")
+    p.set_defaults(func=run)
+
+
+def command_line(args) -> str:
+    if Path(sys.argv[0]).name == "specdec":
+        return shlex.join(["specdec"] + sys.argv[1:])
+    parts = ["specdec", "bench", "--model", args.model]
+    if args.draft:
+        parts += ["--draft", args.draft]
+    parts += ["--methods", args.methods, "--prompts", args.prompts]
+    if args.categories:
+        parts += ["--categories", args.categories]
+    if args.limit is not None:
+        parts += ["--limit", str(args.limit)]
+    parts += ["--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
+              "--top-p", str(args.top_p), "--seed", str(args.seed), "--dtype", args.dtype, "--k", str(args.k)]
+    if args.compare_hf:
+        parts.append("--compare-hf")
+    return shlex.join(parts + ["--out", args.out])
+
+
+def run(args) -> int:
+    from specdec.bench import prompts as P
+    from specdec.bench import report, runner
+
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be at least 1, got {args.limit}")
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        raise ValueError("--temperature must be >= 0 and --top-p in (0, 1]")
+    methods = runner.parse_methods(args.methods)
+    cats = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    prompts = P.load_prompts(args.prompts, cats, args.limit)
+
+    from specdec.api import LLM
+    from specdec.store import resolve
+
+    if args.draft:
+        resolve(args.draft, pull=True)  # an unknown draft model fails now, not after loading the target
+    llm = LLM(args.model, dtype=args.dtype, draft=args.draft)
+    dtype = str(llm.dtype).replace("torch.", "")
+    settings = runner.BenchSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                    top_p=args.top_p, k=args.k, seed=args.seed)
+    runners = runner.our_methods(llm, methods, settings)
+    if args.compare_hf:
+        runners += runner.hf_methods(llm, settings, args.draft)
+    mismatches: list[str] = []
+
+    def say(line: str) -> None:
+        mismatches.append(line)
+        from tqdm import tqdm
+
+        tqdm.write(line, file=sys.stderr)
+
+    records = runner.run_bench(llm, prompts, runners, settings, progress=args.progress, report=say)
+    rows = report.summarize(records, [r.name for r in runners])
+    meta = dict(command=command_line(args), date=report.now(), machine=report.machine_info(), model=args.model,
+                draft=args.draft, dtype=dtype, prompts=str(P.resolve_prompts(args.prompts)),
+                n_prompts=len(prompts), n_turns=sum(len(p.turns) for p in prompts),
+                methods=[r.name for r in runners],
+                settings=dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                              seed=args.seed, k=args.k, limit=args.limit, categories=cats,
+                              method_kwargs=settings.method_kwargs, hf_prompt_lookup_num_tokens=(
+                                  runner.HF_PROMPT_LOOKUP_TOKENS if args.compare_hf else None)),
+                mismatches=mismatches)
+    paths = report.write_outputs(args.out, records, rows, meta)
+    print(report.markdown_table(rows, settings.greedy))
+    if mismatches:
+        print(f"\n{len(mismatches)} greedy mismatch(es) against plain decoding (see results.md)", file=sys.stderr)
+    print(f"wrote {paths['md']}, {paths['json']}, {paths['png']}", file=sys.stderr)
+    return 0

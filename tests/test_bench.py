@@ -1,0 +1,194 @@
+"""specdec bench: prompt sets, method parsing, report arithmetic, and one end-to-end run on a tiny model."""
+
+import json
+
+import pytest
+
+from specdec.bench import prompts as P
+from specdec.bench import report
+from specdec.bench.runner import chat_ids, first_difference, parse_methods
+from specdec.cli import main
+from specdec.errors import SpecdecError
+from tests.tiny import save_tiny
+
+
+# --- prompts ----------------------------------------------------------------------------------
+def test_spec_bench_shortcut_and_multi_turn():
+    ps = P.load_prompts("spec-bench")
+    assert len(ps) == 240 and ps[0] == P.BenchPrompt("writing", "82", ps[0].turns)
+    assert len(ps[0].turns) == 2 and ps[0].turns[0].startswith("Draft a professional email")
+    by_cat = {c: [p for p in ps if p.category == c] for c in P.categories_of(ps)}
+    assert all(len(p.turns) == 2 for p in by_cat["writing"]) and all(len(p.turns) == 1 for p in by_cat["qa"])
+    assert len(by_cat["summarization"]) == 40
+
+
+def test_humanevalfix_prompt_is_instruction_declaration_buggy_solution():
+    ps = P.load_prompts("humanevalfix")
+    first = json.loads(P.SHORTCUTS["humanevalfix"].read_text().splitlines()[0])
+    assert len(ps) == 82 and {p.category for p in ps} == {"code_edit"}
+    assert ps[0].id == "Python/0" and ps[0].turns == (
+        first["instruction"] + "\n\n" + first["declaration"] + first["buggy_solution"],)
+
+
+def test_limit_and_categories_keep_file_order():
+    ps = P.load_prompts("spec-bench", limit=2)
+    cats = P.categories_of(P.read_prompts("spec-bench"))
+    assert len(ps) == 2 * len(cats) and [p.id for p in ps[:2]] == ["82", "84"]
+    qa = P.load_prompts("spec-bench", categories=["qa", "rag"], limit=3)
+    assert [p.category for p in qa] == ["qa"] * 3 + ["rag"] * 3
+    all_qa = [p for p in P.read_prompts("spec-bench") if p.category == "qa"]
+    assert [p.id for p in qa[:3]] == [p.id for p in all_qa[:3]]
+    with pytest.raises(SpecdecError, match="unknown category 'nope'.*qa"):
+        P.load_prompts("spec-bench", categories=["nope"])
+    with pytest.raises(SpecdecError, match="--limit"):
+        P.load_prompts("spec-bench", limit=0)
+
+
+def test_any_path_both_formats_and_errors(tmp_path):
+    f = tmp_path / "mixed.jsonl"
+    f.write_text(json.dumps({"question_id": 1, "category": "chat", "turns": ["a", "b"]}) + "\n\n"
+                 + json.dumps({"task_id": "T/1", "instruction": "Fix it.", "declaration": "def f():\n",
+                               "buggy_solution": "    return 1\n"}) + "\n")
+    ps = P.load_prompts(str(f))
+    assert ps == [P.BenchPrompt("chat", "1", ("a", "b")),
+                  P.BenchPrompt("code_edit", "T/1", ("Fix it.\n\ndef f():\n    return 1\n",))]
+    with pytest.raises(SpecdecError, match="no such prompts file"):
+        P.load_prompts(str(tmp_path / "missing.jsonl"))
+    (tmp_path / "bad.jsonl").write_text('{"foo": 1}\n')
+    with pytest.raises(SpecdecError, match="bad.jsonl:1"):
+        P.load_prompts(str(tmp_path / "bad.jsonl"))
+
+
+def test_parse_methods_adds_plain_and_rejects_unknown():
+    assert parse_methods("prompt-lookup") == ["plain", "prompt-lookup"]
+    assert parse_methods("prompt-lookup,plain,prompt-lookup") == ["plain", "prompt-lookup"]
+    with pytest.raises(SpecdecError, match="unknown method 'nope': choose from plain"):
+        parse_methods("plain,nope")
+
+
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+# --- report -----------------------------------------------------------------------------------
+def rec(method, cat, seconds, tokens=10, forwards=None, drafted=None, accepted=None, mismatch=None, i=0):
+    return dict(method=method, category=cat, id=str(i), turn=1, new_tokens=tokens, seconds=seconds,
+                tokens_per_s=tokens / seconds, target_forwards=forwards, drafted=drafted, accepted=accepted,
+                mismatch=mismatch)
+
+
+def fake_records():
+    out = []
+    for i, (plain_s, pl_s, hf_s) in enumerate([(2.0, 1.0, 4.0), (4.0, 1.0, 4.0)]):
+        out += [rec("plain", "a", plain_s, forwards=10, drafted=0, accepted=0, i=i),
+                rec("prompt-lookup", "a", pl_s, forwards=4, drafted=12, accepted=6, i=i),
+                rec("hf-plain", "a", hf_s, forwards=10, i=i)]
+    out += [rec("plain", "b", 1.0, forwards=10, drafted=0, accepted=0),
+            rec("prompt-lookup", "b", 2.0, forwards=10, drafted=4, accepted=0,
+                mismatch=dict(position=3, margin=0.1, near_tie=True)),
+            rec("hf-plain", "b", 1.0, forwards=10)]
+    return out
+
+
+def test_summary_arithmetic():
+    rows = {(r["category"], r["method"]): r for r in report.summarize(fake_records())}
+    a = rows["a", "prompt-lookup"]
+    assert a["speedup_vs_plain"] == pytest.approx(6.0 / 2.0)        # total time ratio, not mean of ratios
+    assert a["speedup_vs_hf_plain"] == pytest.approx(8.0 / 2.0)
+    assert a["tokens_per_s_median"] == pytest.approx(10.0) and a["tokens_per_s_total"] == pytest.approx(10.0)
+    assert a["mean_accepted"] == pytest.approx(20 / 8) and a["acceptance_rate"] == pytest.approx(12 / 24)
+    assert rows["a", "plain"]["speedup_vs_plain"] == 1.0 and rows["a", "plain"]["acceptance_rate"] is None
+    assert rows["a", "plain"]["tokens_per_s_median"] == pytest.approx((5.0 + 2.5) / 2)
+    assert rows["a", "hf-plain"]["speedup_vs_plain"] == pytest.approx(6.0 / 8.0)
+    assert rows["b", "prompt-lookup"]["mismatches"] == 1 and rows["b", "prompt-lookup"]["near_ties"] == 1
+    al = rows["all", "prompt-lookup"]
+    assert al["generations"] == 3 and al["speedup_vs_plain"] == pytest.approx(7.0 / 4.0)
+    assert al["speedup_vs_hf_plain"] == pytest.approx(9.0 / 4.0)
+    assert [r["category"] for r in report.summarize(fake_records())][-1] == "all"
+
+
+def test_markdown_table_and_outputs(tmp_path):
+    rows = report.summarize(fake_records())
+    table = report.markdown_table(rows)
+    lines = table.splitlines()
+    assert lines[0].startswith("| category | method |") and "× hf-plain" in lines[0]
+    assert len(lines) == 2 + len(rows)
+    assert "| a | prompt-lookup | 2 | 20 | 10.0 | 10.0 | 3.00× | 4.00× | 2.50 | 0.50 | ok |" in table
+    assert "**1 MISMATCH** (1 near-tie)" in table and "| ref |" in table
+    assert "**all**" in table
+    meta = dict(command="specdec bench --x", date=report.now(), machine=report.machine_info(), model="m",
+                draft=None, dtype="float32", prompts="p.jsonl", n_prompts=3, n_turns=3,
+                settings=dict(temperature=0.0, top_p=1.0, seed=0, max_new_tokens=10, k="auto", limit=2),
+                mismatches=["GREEDY MISMATCH x"])
+    paths = report.write_outputs(tmp_path / "out", fake_records(), rows, meta)
+    md = paths["md"].read_text()
+    assert "specdec bench --x" in md and "torch" in md and "GREEDY MISMATCH x" in md and table in md
+    assert json.loads(paths["json"].read_text())["summary"][0]["method"] == "plain"
+    assert paths["png"].read_bytes()[:4] == b"\x89PNG"
+
+
+# --- end to end on a tiny model ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    return save_tiny("llama", tmp_path_factory.mktemp("bench-llama"))
+
+
+def test_chat_ids_multi_turn(tiny_llama):
+    from specdec.tokenizer import Tokenizer
+
+    tok = Tokenizer(tiny_llama)
+    ids = chat_ids(tok, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
+                         {"role": "user", "content": "ok"}])
+    assert tok.decode(ids) == "<user>hi<assistant>yo<user>ok<assistant>"
+    assert 1 not in ids  # no BOS added on top of the template
+
+
+def test_bench_end_to_end(tiny_llama, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps(d) for d in [
+        {"question_id": 1, "category": "chat", "turns": ["Say hi.", "Again?"]},
+        {"question_id": 2, "category": "chat", "turns": ["Not this one."]},
+        {"task_id": "T/0", "instruction": "Fix:", "declaration": "def f(a):\n", "buggy_solution": "  return a\n"},
+    ]) + "\n")
+    out = tmp_path / "out"
+    rc = main(["bench", "--model", str(tiny_llama), "--methods", "prompt-lookup", "--prompts", str(prompts),
+               "--limit", "1", "--max-new-tokens", "8", "--compare-hf", "--dtype", "fp32", "--no-progress",
+               "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "MISMATCH" not in captured.err
+    for name in ("results.md", "results.json", "speedup.png"):
+        assert (out / name).stat().st_size > 0
+    data = json.loads((out / "results.json").read_text())
+    recs = data["records"]
+    methods = ["plain", "prompt-lookup", "hf-plain", "hf-prompt-lookup"]
+    assert data["meta"]["methods"] == methods
+    assert len(recs) == 3 * len(methods)                   # 2 turns of prompt 1 + 1 code_edit turn, per method
+    for (cat, pid, turn) in {(r["category"], r["id"], r["turn"]) for r in recs}:
+        group = [r for r in recs if (r["category"], r["id"], r["turn"]) == (cat, pid, turn)]
+        assert [r["method"] for r in group] == methods     # interleaved per prompt turn
+        assert all(r["token_ids"] == group[0]["token_ids"] and r["mismatch"] is None for r in group)
+        assert all(0 < r["new_tokens"] <= 8 for r in group)
+    t1, t2 = (next(r for r in recs if r["id"] == "1" and r["turn"] == t and r["method"] == "plain") for t in (1, 2))
+    assert t2["prompt_tokens"] > t1["prompt_tokens"] + len(t1["token_ids"]) - 1  # turn 2 holds turn 1 and its answer
+    assert {r["category"] for r in recs} == {"chat", "code_edit"}
+    assert captured.out.splitlines()[0].startswith("| category | method |")
+    for m in methods:
+        assert f"| {m} |" in captured.out
+    assert "specdec bench --model" in (out / "results.md").read_text()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--methods", "plain,warp"], "unknown method 'warp'"),
+    (["--limit", "0"], "--limit must be at least 1"),
+    (["--categories", "qa,nope"], "unknown category 'nope'"),
+    (["--prompts", "/no/such.jsonl"], "no such prompts file"),
+    (["--model", "no-such-model", "--limit", "1"], "unknown model 'no-such-model'"),
+])
+def test_cli_errors_one_line_exit_2(argv, message, tmp_path, capsys):
+    args = ["bench", "--prompts", "spec-bench", "--out", str(tmp_path)]
+    rc = main(args + argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
