@@ -35,11 +35,10 @@ class DraftModel(Drafter):
     name = "draft"
     deterministic = False
 
-    def __init__(self, model: Transformer, target_vocab: int, shared_vocab: int, max_len: int = 4096):
+    def __init__(self, model: Transformer, target_vocab: int, shared_vocab: int):
         self.model = model
         self.target_vocab = target_vocab
         self.shared = min(shared_vocab, target_vocab, model.cfg.vocab_size)
-        self.max_len = max_len
         self.cache = None
         self.fed: list[int] = []  # tokens whose KV is in self.cache
 
@@ -50,7 +49,7 @@ class DraftModel(Drafter):
     def _catch_up(self, tokens: list[int]) -> torch.Tensor:
         """Bring the cache to `tokens[:-1]` plus feed the last token; return logits after it [V]."""
         if self.cache is None or len(tokens) + 64 > self.cache.max_len:
-            self.cache = self.model.new_cache(max(self.max_len, len(tokens) + 256))
+            self.cache = self.model.new_cache(len(tokens) + 512)
             self.fed = []
         common = 0
         for a, b in zip(self.fed, tokens):
