@@ -19,13 +19,13 @@ import torch
 
 from specdec.adaptive import AdaptiveK, CostCurve, FixedK
 from specdec.decode import Chunk, Request, Result, decode
+from specdec.drafters import METHODS
 from specdec.drafters.base import Drafter
 from specdec.errors import SpecdecError
 from specdec.runtime.loader import load_transformer, resolve_dtype
 from specdec.sampling import SamplingParams
 from specdec.tokenizer import Tokenizer
 
-METHODS = ("plain", "draft", "prompt-lookup")
 
 
 class LLM:

@@ -27,12 +27,38 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="stop string (repeatable); the text ends before it")
 
 
+def add_method_args(p: argparse.ArgumentParser) -> None:
+    from specdec.drafters import METHODS
+
+    g = p.add_argument_group("speculation")
+    g.add_argument("--method", default="plain", choices=METHODS,
+                   help="plain (no speculation), draft (a small draft model, --draft), prompt-lookup "
+                        "(n-grams of the context) (default plain)")
+    g.add_argument("--k", default="auto", type=parse_k,
+                   help="draft length per round, or 'auto' (default): chosen each round from measured "
+                        "acceptance, draft cost and the verify-cost curve of `specdec probe`; 0 = plain steps")
+    g.add_argument("--draft", default=None, metavar="NAME",
+                   help="draft model for --method draft (same tokenizer as --model), e.g. qwen2.5-coder-0.5b")
+
+
+def parse_k(value: str):
+    if value == "auto":
+        return value
+    try:
+        k = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"k must be a non-negative integer or 'auto', got {value!r}") from None
+    if k < 0:
+        raise argparse.ArgumentTypeError(f"k must be a non-negative integer or 'auto', got {value!r}")
+    return k
+
+
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate a completion for a prompt",
                        description="Generate a completion, streaming text as it is committed.")
     p.add_argument("prompt", help="the prompt text ('-' reads standard input)")
     add_model_args(p)
-    p.add_argument("--method", default="plain", choices=["plain"], help="decoding method (default plain)")
+    add_method_args(p)
     add_sampling_args(p)
     chat = p.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
@@ -46,10 +72,10 @@ def run(args) -> int:
     from specdec.api import LLM
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    llm = LLM(args.model, dtype=args.dtype)
+    llm = LLM(args.model, dtype=args.dtype, draft=args.draft)
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop, chat=args.chat,
-                  method=args.method)
+                  method=args.method, k=args.k)
     result = None
     for chunk in llm.chunks(prompt, **kwargs):
         if not args.json and chunk.text:
@@ -58,11 +84,13 @@ def run(args) -> int:
     if args.json:
         out = result.to_dict()
         out.pop("token_ids")
+        out.pop("rounds")
         out.update(model=args.model, method=args.method, dtype=str(llm.dtype).replace("torch.", ""))
         print(json.dumps(out, indent=2))
     else:
         print()
         print(f"[{result.new_tokens} tokens in {result.seconds:.2f} s: {result.tokens_per_s:.1f} tokens/s, "
               f"{result.target_forwards} target forwards, {result.mean_accepted:.2f} tokens/forward, "
-              f"finish: {result.finish_reason}]", file=sys.stderr)
+              + (f"acceptance {result.acceptance_rate:.0%}, " if result.drafted else "")
+              + f"finish: {result.finish_reason}]", file=sys.stderr)
     return 0
