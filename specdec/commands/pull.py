@@ -41,9 +41,9 @@ def run(args) -> int:
 
     t0 = time.time()
     name = args.name
-    already = name in store.KNOWN_MODELS and store.is_ready(store.model_dir(name)) and not args.force
     folder = store.pull(name, progress=not args.quiet, force=args.force)
     dt = time.time() - t0
+    already = (folder / store.MARKER).stat().st_mtime < t0  # nothing was converted just now
     if already:
         print(f"{name} is already pulled: {folder} ({_size(folder):.2f} GB); use --force to convert again")
     else:

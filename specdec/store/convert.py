@@ -10,7 +10,6 @@ so memory stays at about one tensor (plus the memory-mapped GGUF) even for big m
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import struct
@@ -201,7 +200,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> dict:
 
 
 def _write_config_and_tokenizer(src: str, fname: str, arch: str, tied: bool, out_dir: Path, progress: bool) -> None:
-    import torch  # noqa: F401  (transformers needs it for GGUF config parsing)
     from tqdm import tqdm
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
     from transformers.utils import logging as hf_logging
@@ -244,6 +242,8 @@ def _write_config_and_tokenizer(src: str, fname: str, arch: str, tied: bool, out
     tc = json.loads(tc_path.read_text())
     for k in ("is_local", "local_files_only", "name_or_path"):
         tc.pop(k, None)
+    if tc.get("tokenizer_class") == "TokenizersBackend":  # transformers 5's generic class; 4.x knows this name
+        tc["tokenizer_class"] = "PreTrainedTokenizerFast"
     template = getattr(tokenizer, "chat_template", None)
     if template:
         tc["chat_template"] = template
@@ -261,8 +261,3 @@ def _write_config_and_tokenizer(src: str, fname: str, arch: str, tied: bool, out
         pad_token_id=getattr(config, "pad_token_id", None),
     )
     gen.save_pretrained(out_dir)
-    # transformers may also drop files we do not want in a clean model folder
-    for extra in ("special_tokens_map.json",):
-        p = out_dir / extra
-        if p.exists() and not p.stat().st_size:
-            os.remove(p)
