@@ -50,18 +50,6 @@ class ProbeResult:
         d["relative"] = {int(k): v for k, v in d["relative"].items()}
         return cls(**d)
 
-    def cost(self, n: int) -> float:
-        """Relative cost of a forward over n positions, interpolated on the measured curve (1.0 at n = 1)."""
-        xs = sorted(self.relative)
-        if n <= xs[0]:
-            return self.relative[xs[0]]
-        for a, b in zip(xs, xs[1:]):
-            if n <= b:
-                w = (n - a) / (b - a)
-                return self.relative[a] * (1 - w) + self.relative[b] * w
-        a, b = xs[-2], xs[-1]  # extrapolate linearly past the last point
-        return self.relative[b] + (n - b) * (self.relative[b] - self.relative[a]) / (b - a)
-
 
 def weight_bytes_per_step(model: Transformer) -> int:
     """Bytes a one-token step reads: every weight once, except the embedding table (one row is gathered);
