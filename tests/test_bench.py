@@ -97,6 +97,8 @@ def test_summary_arithmetic():
     a = rows["a", "prompt-lookup"]
     assert a["speedup_vs_plain"] == pytest.approx(6.0 / 2.0)        # total time ratio, not mean of ratios
     assert a["speedup_vs_hf_plain"] == pytest.approx(8.0 / 2.0)
+    assert a["speedup_vs_plain_median"] == pytest.approx(3.0)            # median of 2/1 and 4/1
+    assert rows["a", "hf-plain"]["speedup_vs_plain_median"] == pytest.approx(0.75)  # median of 2/4 and 4/4
     assert a["tokens_per_s_median"] == pytest.approx(10.0) and a["tokens_per_s_total"] == pytest.approx(10.0)
     assert a["mean_accepted"] == pytest.approx(20 / 8) and a["acceptance_rate"] == pytest.approx(12 / 24)
     assert rows["a", "plain"]["speedup_vs_plain"] == 1.0 and rows["a", "plain"]["acceptance_rate"] is None
@@ -115,7 +117,7 @@ def test_markdown_table_and_outputs(tmp_path):
     lines = table.splitlines()
     assert lines[0].startswith("| category | method |") and "× hf-plain" in lines[0]
     assert len(lines) == 2 + len(rows)
-    assert "| a | prompt-lookup | 2 | 20 | 10.0 | 10.0 | 3.00× | 4.00× | 2.50 | 0.50 | ok |" in table
+    assert "| a | prompt-lookup | 2 | 20 | 10.0 | 10.0 | 3.00× | 3.00× | 4.00× | 2.50 | 0.50 | ok |" in table
     assert "**1 MISMATCH** (1 near-tie)" in table and "| ref |" in table
     assert "**all**" in table
     meta = dict(command="specdec bench --x", date=report.now(), machine=report.machine_info(), model="m",

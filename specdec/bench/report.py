@@ -3,7 +3,9 @@
 Per method and category (and "all"):
 - tok/s median: median over generations of new tokens / seconds; tok/s total: sum tokens / sum seconds;
 - x plain: our plain decoding's total seconds / this method's total seconds on the same prompts
-  (the speedup; > 1 is faster); x hf-plain the same against transformers' plain generate;
+  (the speedup; > 1 is faster); x plain (median): the median over prompt turns of the per-turn
+  ratio (robust to one slow turn on a shared machine); x hf-plain: total time against
+  transformers' plain generate;
 - accepted/fwd: new tokens / target forwards (mean accepted length, bonus included; 1.0 for plain);
 - alpha: accepted / drafted draft tokens;
 - greedy: "ok" when every generation's token ids equal plain's, else the count of mismatches.
@@ -30,6 +32,14 @@ def _ordered(values) -> list:
     return list(dict.fromkeys(values))
 
 
+def _key(r: dict) -> tuple:
+    return r["category"], r.get("id"), r.get("turn")
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
 def summarize(records: Sequence[dict], methods: Sequence[str] | None = None) -> list[dict]:
     """One row per category x method (categories in order of appearance, then "all")."""
     methods = list(methods) if methods else _ordered(r["method"] for r in records)
@@ -38,6 +48,7 @@ def summarize(records: Sequence[dict], methods: Sequence[str] | None = None) -> 
     for cat in cats + ([ALL] if len(cats) > 1 else []):
         in_cat = [r for r in records if cat == ALL or r["category"] == cat]
         totals = {m: sum(r["seconds"] for r in in_cat if r["method"] == m) for m in methods}
+        plain_s = {_key(r): r["seconds"] for r in in_cat if r["method"] == "plain"}
         for m in methods:
             rs = [r for r in in_cat if r["method"] == m]
             if not rs:
@@ -52,6 +63,8 @@ def summarize(records: Sequence[dict], methods: Sequence[str] | None = None) -> 
                 tokens_per_s_median=statistics.median(r["tokens_per_s"] for r in rs),
                 tokens_per_s_total=tokens / seconds if seconds > 0 else 0.0,
                 speedup_vs_plain=totals["plain"] / seconds if "plain" in totals and seconds > 0 else None,
+                speedup_vs_plain_median=_median([plain_s[_key(r)] / r["seconds"] for r in rs
+                                                 if _key(r) in plain_s and r["seconds"] > 0]),
                 speedup_vs_hf_plain=(totals["hf-plain"] / seconds
                                      if "hf-plain" in totals and totals["hf-plain"] > 0 and seconds > 0 else None),
                 mean_accepted=tokens / sum(fwd) if all(f for f in fwd) else None,
@@ -66,6 +79,10 @@ def _f(x, fmt: str, none: str = "–") -> str:
     return none if x is None else format(x, fmt)
 
 
+def _x(x) -> str:
+    return "–" if x is None else f"{x:.2f}×"
+
+
 def greedy_cell(row: dict, greedy: bool) -> str:
     if not greedy:
         return "–"
@@ -78,14 +95,15 @@ def greedy_cell(row: dict, greedy: bool) -> str:
 
 
 def markdown_table(rows: Sequence[dict], greedy: bool = True) -> str:
-    head = ["category", "method", "gens", "tokens", "tok/s median", "tok/s total", "× plain", "× hf-plain",
-            "accepted/fwd", "α", "greedy = plain"]
+    head = ["category", "method", "gens", "tokens", "tok/s median", "tok/s total", "× plain", "× plain (median)",
+            "× hf-plain", "accepted/fwd", "α", "greedy = plain"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["--:"] * (len(head) - 3) + [":-:"]) + "|"]
     for r in rows:
         cells = [r["category"], r["method"], str(r["generations"]), str(r["new_tokens"]),
                  _f(r["tokens_per_s_median"], ".1f"), _f(r["tokens_per_s_total"], ".1f"),
-                 _f(r["speedup_vs_plain"], ".2f") + ("×" if r["speedup_vs_plain"] is not None else ""),
-                 _f(r["speedup_vs_hf_plain"], ".2f") + ("×" if r["speedup_vs_hf_plain"] is not None else ""),
+                 _x(r["speedup_vs_plain"]),
+                 _x(r.get("speedup_vs_plain_median")),
+                 _x(r["speedup_vs_hf_plain"]),
                  _f(r["mean_accepted"], ".2f"), _f(r["acceptance_rate"], ".2f"), greedy_cell(r, greedy)]
         if r["category"] == ALL:
             cells[:2] = [f"**{cells[0]}**", f"**{cells[1]}**"]
@@ -107,9 +125,10 @@ def machine_info() -> dict:
     import torch
     import transformers
 
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return dict(cpu=cpu_model(), cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
                 torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
-                platform=platform.platform())
+                platform=platform.platform(), load_avg=[round(x, 2) for x in load] if load else None)
 
 
 def now() -> str:
@@ -164,14 +183,17 @@ def results_markdown(rows: Sequence[dict], meta: dict) -> str:
         "",
         f"- date: {meta['date']}",
         f"- machine: {m['cpu']}, {m['cpu_count']} CPUs, torch threads {m['torch_threads']}; "
-        f"torch {m['torch']}, transformers {m['transformers']}, Python {m['python']}",
+        f"torch {m['torch']}, transformers {m['transformers']}, Python {m['python']}"
+        + (f"; load average at the end {m['load_avg'][0]:.1f} / {m['load_avg'][1]:.1f} / {m['load_avg'][2]:.1f} "
+           "(1 / 5 / 15 min)" if m.get("load_avg") else ""),
         f"- dtype: {meta['dtype']}; prompts: {meta['prompts']} ({meta['n_prompts']} prompts, "
         f"{meta['n_turns']} turns, limit {s['limit'] or 'none'} per category)",
         f"- decoding: " + ("greedy" if greedy else f"temperature {s['temperature']}, top-p {s['top_p']}, "
                                                    f"seed {s['seed']}")
         + f", max new tokens {s['max_new_tokens']}, k {s['k']}",
-        "- speedups are ratios of total wall time (prefill included) on the same prompts; every method "
-        "had one untimed warm-up and methods ran interleaved per prompt",
+        "- speedups are ratios of total wall time (prefill included) on the same prompts; '× plain (median)' "
+        "is the median of per-turn ratios; every method had one untimed warm-up and methods ran interleaved "
+        "per prompt",
         "",
         markdown_table(rows, greedy),
         "",

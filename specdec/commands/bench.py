@@ -10,6 +10,7 @@ summary) and DIR/speedup.png. See specdec/bench/ for the rules (warm-up, interle
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -46,11 +47,13 @@ def register(sub) -> None:
                 "--prompts humanevalfix --limit 5 --compare-hf --out benchmarks/smollm2-humanevalfix"),
     )
     p.add_argument("--model", default="smollm2-135m",
-                   help="target model: a known name (see `specdec models`), a Hugging Face folder or a .gguf file (default: smollm2-135m)")
+                   help="target model: a known name (see `specdec models`), a Hugging Face folder or a .gguf "
+                        "file (default: smollm2-135m)")
     p.add_argument("--draft", metavar="NAME", default=None,
                    help="draft model for method 'draft' and for hf-assisted (same tokenizer as the target)")
     p.add_argument("--methods", default="plain,prompt-lookup",
-                   help="comma-separated methods from specdec.api.METHODS; plain is added when missing (default: plain,prompt-lookup)")
+                   help="comma-separated methods from specdec.api.METHODS; plain is added when missing "
+                        "(default: plain,prompt-lookup)")
     p.add_argument("--prompts", required=True, metavar="FILE.jsonl",
                    help="'spec-bench' (data/spec_bench/dev.jsonl), 'humanevalfix' "
                         "(data/code_edit/humanevalfix_dev.jsonl) or a path to a jsonl file in either format")
@@ -58,12 +61,16 @@ def register(sub) -> None:
                    help="comma-separated categories to keep (default: all)")
     p.add_argument("--limit", type=int, default=None, metavar="N",
                    help="the first N prompts of each category, in file order (default: all)")
-    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="token limit per generation, i.e. per turn (default 128)")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy, the default (then every method's tokens are checked against plain's)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus mass in (0, 1] (default 1 = off)")
+    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
+                   help="token limit per generation, i.e. per turn (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="0 = greedy, the default (then every method's tokens are checked against plain's)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="nucleus mass in (0, 1] (default 1 = off)")
     p.add_argument("--seed", type=int, default=0, help="random seed for sampling, ours and HF's (default 0)")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
-                   help="compute dtype for ours and HF's; auto = bf16 where the CPU has bf16 matmuls, else fp32 (default auto)")
+                   help="compute dtype for ours and HF's; auto = bf16 where the CPU has bf16 matmuls, "
+                        "else fp32 (default auto)")
     p.add_argument("--k", type=k_value, default="auto", metavar="auto|N",
                    help="draft length: auto (adaptive, the default) or a fixed N")
     p.add_argument("--compare-hf", action="store_true",
@@ -73,10 +80,15 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def command_line(args) -> str:
+    """The command as typed (thread-count environment variables included), else rebuilt from args."""
+    env = [f"{k}={os.environ[k]}" for k in THREAD_ENV if k in os.environ]
     if Path(sys.argv[0]).name == "specdec":
-        return shlex.join(["specdec"] + sys.argv[1:])
-    parts = ["specdec", "bench", "--model", args.model]
+        return shlex.join(env + ["specdec"] + sys.argv[1:])
+    parts = env + ["specdec", "bench", "--model", args.model]
     if args.draft:
         parts += ["--draft", args.draft]
     parts += ["--methods", args.methods, "--prompts", args.prompts]
