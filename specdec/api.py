@@ -30,7 +30,7 @@ from specdec.tokenizer import Tokenizer
 
 class LLM:
     def __init__(self, model: str = "smollm2-135m", dtype: str | None = None, pull: bool = True,
-                 draft: str | None = None):
+                 draft: str | None = None, datastore: str | None = None):
         from specdec.store import resolve
 
         self.name = model
@@ -39,7 +39,9 @@ class LLM:
         self.model = load_transformer(self.folder, self.dtype)
         self.tokenizer = Tokenizer(self.folder)
         self.draft_name = draft
+        self.datastore = datastore
         self._draft = None
+        self._retrieval = None
         self._cost = None
 
     # --- drafters -----------------------------------------------------------------------
@@ -54,6 +56,12 @@ class LLM:
             return PromptLookup()
         if method == "draft":
             return self._draft_model()
+        if method == "retrieval":
+            if self._retrieval is None:
+                from specdec.drafters.retrieval import build
+
+                self._retrieval = build(self, self.datastore)
+            return self._retrieval
         raise AssertionError(method)
 
     def _draft_model(self):
@@ -111,7 +119,7 @@ class LLM:
     def generate(self, prompt: str | Sequence[int], **kwargs) -> Result:
         """Generate a completion. Keyword arguments: max_new_tokens, temperature (0 = greedy), top_k,
         top_p, min_p, seed, stop (list of strings), chat (None = use the chat template if the model has one),
-        method (plain, draft, prompt-lookup), k (draft length, or "auto"). A prompt may also be a list of
+        method (one of specdec.drafters.METHODS), k (draft length, or "auto"). A prompt may also be a list of
         token ids (used as is)."""
         for chunk in self.chunks(prompt, **kwargs):
             if chunk.result is not None:

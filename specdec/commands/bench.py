@@ -51,6 +51,8 @@ def register(sub) -> None:
                         "file (default: smollm2-135m)")
     p.add_argument("--draft", metavar="NAME", default=None,
                    help="draft model for method 'draft' and for hf-assisted (same tokenizer as the target)")
+    p.add_argument("--datastore", metavar="DIR", default=None,
+                   help="datastore for method 'retrieval' (default: the model's ShareGPT datastore)")
     p.add_argument("--methods", default="plain,prompt-lookup",
                    help="comma-separated methods from specdec.api.METHODS; plain is added when missing "
                         "(default: plain,prompt-lookup)")
@@ -122,7 +124,7 @@ def run(args) -> int:
 
     if args.draft:
         resolve(args.draft, pull=True)  # an unknown draft model fails now, not after loading the target
-    llm = LLM(args.model, dtype=args.dtype, draft=args.draft)
+    llm = LLM(args.model, dtype=args.dtype, draft=args.draft, datastore=args.datastore)
     dtype = str(llm.dtype).replace("torch.", "")
     settings = runner.BenchSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                     top_p=args.top_p, k=args.k, seed=args.seed)

@@ -33,12 +33,16 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculation")
     g.add_argument("--method", default="plain", choices=METHODS,
                    help="plain (no speculation), draft (a small draft model, --draft), prompt-lookup "
-                        "(n-grams of the context) (default plain)")
+                        "(n-grams of the context), retrieval (REST: continuations from a datastore, "
+                        "--datastore) (default plain)")
     g.add_argument("--k", default="auto", type=parse_k,
                    help="draft length per round, or 'auto' (default): chosen each round from measured "
                         "acceptance, draft cost and the verify-cost curve of `specdec probe`; 0 = plain steps")
     g.add_argument("--draft", default=None, metavar="NAME",
                    help="draft model for --method draft (same tokenizer as --model), e.g. qwen2.5-coder-0.5b")
+    g.add_argument("--datastore", default=None, metavar="DIR",
+                   help="retrieval datastore for --method retrieval (default: the model's ShareGPT datastore, "
+                        "built by `specdec datastore build --model NAME --from sharegpt`)")
 
 
 def parse_k(value: str):
@@ -72,7 +76,7 @@ def run(args) -> int:
     from specdec.api import LLM
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    llm = LLM(args.model, dtype=args.dtype, draft=args.draft)
+    llm = LLM(args.model, dtype=args.dtype, draft=args.draft, datastore=args.datastore)
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop, chat=args.chat,
                   method=args.method, k=args.k)
