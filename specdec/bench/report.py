@@ -145,7 +145,7 @@ def plot_speedup(rows: Sequence[dict], path: str | Path, title: str = "") -> Pat
     cats = _ordered(r["category"] for r in rows)
     methods = [m for m in _ordered(r["method"] for r in rows) if m != "plain"] or ["plain"]
     width = 0.8 / len(methods)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(cats) * max(1, len(methods)) ** 0.5 + 2), 4.2))
+    fig, ax = plt.subplots(figsize=(min(14.0, max(6.0, 0.3 * len(cats) * len(methods) + 2)), 5.0))
     for j, m in enumerate(methods):
         xs, ys = [], []
         for i, c in enumerate(cats):
