@@ -93,6 +93,8 @@ def command_line(args) -> str:
     parts = env + ["specdec", "bench", "--model", args.model]
     if args.draft:
         parts += ["--draft", args.draft]
+    if getattr(args, "datastore", None):
+        parts += ["--datastore", args.datastore]
     parts += ["--methods", args.methods, "--prompts", args.prompts]
     if args.categories:
         parts += ["--categories", args.categories]
