@@ -194,3 +194,21 @@ def test_cli_errors_one_line_exit_2(argv, message, tmp_path, capsys):
     rc = main(args + argv)
     err = capsys.readouterr().err
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_bench_draft_model_hf_assisted_and_sampling(tiny_llama, tmp_path, capsys):
+    draft = save_tiny("llama", tmp_path / "draft", seed=1)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "chat", "turns": ["Say hi."]}) + "\n")
+    base = ["bench", "--model", str(tiny_llama), "--draft", str(draft), "--methods", "draft", "--prompts",
+            str(prompts), "--max-new-tokens", "6", "--k", "3", "--compare-hf", "--dtype", "fp32", "--no-progress"]
+    assert main(base + ["--out", str(tmp_path / "greedy")]) == 0
+    recs = json.loads((tmp_path / "greedy" / "results.json").read_text())["records"]
+    assert [r["method"] for r in recs] == ["plain", "draft", "hf-plain", "hf-assisted", "hf-prompt-lookup"]
+    assert all(r["token_ids"] == recs[0]["token_ids"] and r["mismatch"] is None for r in recs)
+    assert recs[1]["drafted"] > 0
+    assert main(base + ["--temperature", "1.0", "--top-p", "0.9", "--out", str(tmp_path / "sampled")]) == 0
+    out = capsys.readouterr().out
+    data = json.loads((tmp_path / "sampled" / "results.json").read_text())
+    assert all(r["mismatch"] is None and 0 < r["new_tokens"] <= 6 for r in data["records"])
+    assert "| ref |" not in out.split("| category |")[-1]  # no greedy check when sampling
