@@ -1,0 +1,203 @@
+"""Early-exit self-speculation (LayerSkip, Elhoushi et al. 2024; Draft & Verify, Zhang et al. 2024).
+
+The draft is the target, truncated: its first L layers, then its own final norm and LM head
+(`Transformer.forward(..., exit_layer=L)`), on the same weight tensors (nothing is copied). It
+drafts k tokens autoregressively with its own static KV cache holding layers < L only, kept in
+step with the committed tokens by longest common prefix (as `DraftModel` does). Greedy: each
+token is the argmax and q is None. Sampled: q rows are the request's sampling applied to the
+early-exit logits, and the tokens are drawn from them with the request's generator.
+
+LayerSkip's reuse. Layers < L see only layers < L of earlier positions, so the draft pass has
+already computed, for the positions it fed (the last committed token and drafts 1..k-1), the
+very KV and layer-(L-1) outputs the target's verification would compute for layers < L.
+`verify_forward` copies those KV slots into the target's cache and runs only layers L..N-1 for
+them (`forward_from_layer`); the one position the draft never fed (the last drafted token)
+still goes through layers < L. The verification is then the same computation as a plain
+forward, up to the last bits of fp32 (chunking changes summation order, as in any
+speculation).
+
+Example: SmolLM2-135M has 30 layers; `EarlyExit(model, 8)` drafts with layers 0..7 + norm +
+head. Its tied 49k x 576 LM head is a fifth of a step, so tau(8) is about 0.4, not 8/30: the
+choice of L is measured (`specdec exit-layers`), not guessed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.draft import Draft
+from specdec.drafters.base import Context, Drafter
+from specdec.runtime.kv_cache import KVCache
+from specdec.runtime.model import ForwardOutput, Transformer
+from specdec.sampling import probs_from_logits, sample
+from specdec.theory import early_exit_tau
+
+
+def _causal(n: int, start: int) -> torch.Tensor | None:
+    """The default mask of `Transformer.forward` for n new positions after `start` cached ones."""
+    return torch.ones(n, start + n, dtype=torch.bool).tril(diagonal=start) if n > 1 else None
+
+
+@torch.inference_mode()
+def forward_from_layer(model: Transformer, cache: KVCache, hidden: torch.Tensor, rest: torch.Tensor,
+                       start_layer: int) -> ForwardOutput:
+    """A chain forward that starts at layer `start_layer` for its first positions.
+
+    hidden [B, m, D]: the output of layer start_layer-1 at positions cache.length .. +m-1, whose
+    KV for layers < start_layer are already in `cache`; rest [B, r]: token ids of the r positions
+    after them, run from the embedding. Writes the KV of every layer it runs, advances
+    cache.length by m + r, and returns the logits of all m + r positions, like
+    `model(tokens, cache)` would over the same m + r tokens (a causal chain, no tree mask)."""
+    B, m, _ = hidden.shape
+    r = rest.shape[1]
+    n = m + r
+    start = cache.length
+    if start + n > cache.max_len:
+        raise ValueError(f"context overflow: {start + n} positions exceed the cache's {cache.max_len}")
+    cos, sin = model._rope(torch.arange(start, start + n).expand(B, n))
+    if r:  # the positions the draft never fed: layers < start_layer first
+        y = model.embed(rest)
+        c, s, mask = cos[:, :, m:], sin[:, :, m:], _causal(r, start + m)
+        for i in range(start_layer):
+            y = model.layers[i](y, c, s, cache, i, start + m, mask)
+        x = torch.cat([hidden.to(y.dtype), y], dim=1)
+    else:
+        x = hidden
+    mask = _causal(n, start)
+    for i in range(start_layer, model.cfg.num_layers):
+        x = model.layers[i](x, cos, sin, cache, i, start, mask)
+    cache.length = start + n
+    return ForwardOutput(model.lm_head(model.norm(x)).float())
+
+
+class EarlyExit(Drafter):
+    """Drafts with the target's first `exit_layer` layers + final norm + LM head (module docstring)."""
+
+    name = "early-exit"
+    deterministic = False
+
+    def __init__(self, target: Transformer, exit_layer: int, max_len: int = 4096, reuse: bool = True,
+                 tau: float | None = None):
+        n = target.cfg.num_layers
+        if not isinstance(exit_layer, int) or isinstance(exit_layer, bool) or not 1 <= exit_layer <= n:
+            raise ValueError(f"exit_layer must be an integer in 1..{n} (the model has {n} layers), "
+                             f"got {exit_layer!r}")
+        self.model = target
+        self.exit_layer = exit_layer
+        self.max_len = max_len
+        self.reuse = reuse
+        # a prior for adaptive k (LLM.policy reads tau_prior); measured values replace the layer fraction
+        self.tau_prior = early_exit_tau(exit_layer, n) if tau is None else tau
+        self.cache: KVCache | None = None
+        self.fed: list[int] = []         # tokens whose layer-<L KV is in self.cache
+        self._pending = None             # (start, inputs, hidden rows) of the last proposal, for verify_forward
+
+    def reset(self) -> None:
+        self.cache = None
+        self.fed = []
+        self._pending = None
+
+    def _new_cache(self, length: int) -> KVCache:
+        cfg = self.model.cfg
+        return KVCache(self.exit_layer, 1, cfg.num_kv_heads, length, cfg.head_dim, self.model.dtype)
+
+    def _step(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed tokens through layers < L: (logits after the last one [V], its layer-(L-1) output [1, 1, D])."""
+        out = self.model(torch.tensor([tokens]), self.cache, exit_layer=self.exit_layer,
+                         hidden_layers=(self.exit_layer - 1,), last_only=True)
+        self.fed.extend(tokens)
+        return out.logits[0, -1], out.hidden[self.exit_layer - 1][:, -1:]
+
+    def _catch_up(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sync the cache to tokens[:-1] by common prefix and feed the rest (always the last token)."""
+        if self.cache is None or len(tokens) + 64 > self.cache.max_len:
+            self.cache = self._new_cache(max(self.max_len, len(tokens) + 256))
+            self.fed = []
+        common = 0
+        for a, b in zip(self.fed, tokens):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(tokens) - 1)
+        self.cache.rewind(self.cache.length - common)
+        del self.fed[common:]
+        return self._step(tokens[common:])
+
+    def propose(self, ctx: Context, k: int) -> Draft:
+        self._pending = None
+        if k <= 0:
+            return Draft.empty()
+        logits, h = self._catch_up(ctx.tokens)
+        tokens, qs, hidden = [], [], [h]
+        for i in range(k):
+            if ctx.sampling.greedy:
+                t = int(logits.argmax())
+            else:
+                q = probs_from_logits(logits, ctx.sampling)  # [V]
+                t = int(sample(q, ctx.generator))
+                qs.append(q)
+            tokens.append(t)
+            if i + 1 < k:
+                logits, h = self._step([t])
+                hidden.append(h)
+        self._pending = (len(ctx.tokens) - 1, [ctx.tokens[-1]] + tokens, hidden)
+        return Draft.chain(tokens, torch.stack(qs) if qs else None)
+
+    # --- LayerSkip's KV reuse ---------------------------------------------------------------------------
+    def verify_forward(self, model: Transformer, cache: KVCache, inputs: torch.Tensor) -> ForwardOutput | None:
+        """The target's verification forward over `inputs` ([1, n+1]: the last committed token + this
+        round's draft), reusing this drafter's layer-<L work; None when it does not apply (reuse off,
+        another model, or inputs/cache that are not the ones the last proposal was made for), in which
+        case the caller runs the plain forward. Consumes the proposal either way."""
+        pending, self._pending = self._pending, None
+        if not self.reuse or pending is None or model is not self.model or inputs.shape[0] != 1:
+            return None
+        start, expected, hidden = pending
+        if cache.length != start or inputs[0].tolist() != expected:
+            return None
+        m = len(hidden)  # positions start .. start+m-1 were fed to the draft; the last draft token was not
+        L = self.exit_layer
+        if self.cache is None or self.cache.length < start + m or self.fed[start:start + m] != expected[:m]:
+            return None
+        for i in range(L):
+            cache.k[i][:, :, start:start + m] = self.cache.k[i][:, :, start:start + m]
+            cache.v[i][:, :, start:start + m] = self.cache.v[i][:, :, start:start + m]
+        return forward_from_layer(model, cache, torch.cat(hidden, dim=1), inputs[:, m:], L)
+
+
+class ReusingTarget:
+    """Stands in for the target in `decode` so verification goes through the drafter's `verify_forward`
+    (EarlyExit, or a Hybrid holding one; an adapter for tests and measurements until the loop calls the
+    hook itself): every other call, and any verification the drafter cannot serve, is the model's own."""
+
+    def __init__(self, model: Transformer, drafter: Drafter):
+        self.model, self.drafter = model, drafter
+        self.cfg = model.cfg
+        self.reused = 0
+
+    def new_cache(self, *args, **kwargs) -> KVCache:
+        return self.model.new_cache(*args, **kwargs)
+
+    def __call__(self, tokens, cache, positions=None, mask=None, **kwargs) -> ForwardOutput:
+        if positions is None and mask is None and not kwargs and tokens.shape[1] > 1:
+            out = self.drafter.verify_forward(self.model, cache, tokens)
+            if out is not None:
+                self.reused += 1
+                return out
+        return self.model(tokens, cache, positions=positions, mask=mask, **kwargs)
+
+
+def build_early_exit(llm, exit_layer: int | str = "auto", **kwargs) -> EarlyExit:
+    """The EarlyExit drafter for a `specdec.LLM`. exit_layer "auto": the best layer measured by
+    `specdec exit-layers` (cached per model and dtype; measured now, briefly, when missing); an integer:
+    that layer. tau_prior is the measured draft cost when a measurement covers the layer."""
+    from specdec.commands.exit_layers import best_exit_layer, cached_report
+
+    if exit_layer == "auto":
+        exit_layer, report = best_exit_layer(llm)
+    elif isinstance(exit_layer, str) and exit_layer.isdigit():
+        exit_layer, report = int(exit_layer), cached_report(llm)
+    else:
+        report = cached_report(llm)
+    row = report.row(exit_layer) if report else None
+    return EarlyExit(llm.model, exit_layer, tau=row.tau if row else None, **kwargs)
