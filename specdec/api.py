@@ -30,7 +30,8 @@ from specdec.tokenizer import Tokenizer
 
 class LLM:
     def __init__(self, model: str = "smollm2-135m", dtype: str | None = None, pull: bool = True,
-                 draft: str | None = None, datastore: str | None = None):
+                 draft: str | None = None, datastore: str | None = None, exit_layer: int | str = "auto",
+                 sources: Sequence[str] | str = ("prompt-lookup", "draft")):
         from specdec.store import resolve
 
         self.name = model
@@ -40,8 +41,11 @@ class LLM:
         self.tokenizer = Tokenizer(self.folder)
         self.draft_name = draft
         self.datastore = datastore
+        self.exit_layer = exit_layer
+        self.sources = sources
         self._draft = None
         self._retrieval = None
+        self._early_exit = None
         self._cost = None
 
     # --- drafters -----------------------------------------------------------------------
@@ -62,6 +66,16 @@ class LLM:
 
                 self._retrieval = build(self, self.datastore)
             return self._retrieval
+        if method == "early-exit":
+            if self._early_exit is None:
+                from specdec.drafters.early_exit import build_early_exit
+
+                self._early_exit = build_early_exit(self, self.exit_layer)
+            return self._early_exit
+        if method == "hybrid":
+            from specdec.drafters.hybrid import build_hybrid
+
+            return build_hybrid(self, self.sources, self.drafter)
         raise AssertionError(method)
 
     def _draft_model(self):
@@ -83,6 +97,10 @@ class LLM:
         if drafter is None:
             return None
         if k == "auto":
+            sources = getattr(drafter, "sources", None)
+            if sources is not None:  # hybrid: each source keeps its own alpha, tau and k; the first that wants to draft does
+                drafter.policies = [AdaptiveK(cost=self.cost_curve(), tau=getattr(d, "tau_prior", 0.0)) for d in sources]
+                return FixedK(AdaptiveK.k_max)
             return AdaptiveK(cost=self.cost_curve(), tau=getattr(drafter, "tau_prior", 0.0))
         if not isinstance(k, int) or k < 0:
             raise ValueError(f"k must be a non-negative integer or 'auto', got {k!r}")

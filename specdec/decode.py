@@ -176,7 +176,11 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
             mask[0, :, start:] = False
             mask[0, :, start] = True
             mask[0, 1:, start + 1:] = tree_attention_mask(draft.parents)
-        logits = model(inputs, cache, positions=positions, mask=mask).logits[0]  # [n+1, V]
+        out = None
+        if n and draft.is_chain and hasattr(drafter, "verify_forward"):  # LayerSkip: reuse the draft's work
+            out = drafter.verify_forward(model, cache, inputs)
+        out = out or model(inputs, cache, positions=positions, mask=mask)
+        logits = out.logits[0]  # [n+1, V]
         forwards += 1
         result = verify(draft, target_probs(logits, sampling), gen, mode, validate=False)
         if draft.is_chain:
@@ -198,8 +202,9 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
             drafter.observe(Outcome(draft, result.num_accepted, emitted))
             if n:
                 policy.observe(n, result.num_accepted)
-                if hasattr(policy, "timing"):
-                    policy.timing(n, tv - td, t1 - tv)
+                for measured in (policy, drafter):  # tau from this round's times (Hybrid: its proposer's policy)
+                    if hasattr(measured, "timing"):
+                        measured.timing(n, tv - td, t1 - tv)
         rounds.append(dict(drafted=n, accepted=result.num_accepted, kind=result.kind if n else "plain",
                            committed=len(committed), draft_s=tv - td, target_s=t1 - tv, t=t1 - t0))
         accepted_here = min(result.num_accepted, len(committed))

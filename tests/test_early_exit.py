@@ -14,7 +14,7 @@ import torch
 from specdec.adaptive import FixedK
 from specdec.decode import Request, decode
 from specdec.draft import Draft
-from specdec.drafters.early_exit import EarlyExit, ReusingTarget, forward_from_layer
+from specdec.drafters.early_exit import EarlyExit, forward_from_layer
 from specdec.runtime.loader import load_transformer
 from specdec.sampling import SamplingParams, probs_from_logits
 from specdec.tokenizer import Tokenizer
@@ -42,11 +42,10 @@ def test_greedy_equals_plain_for_every_exit_layer(tiny):
         plain = run(model, tok, ids, max_new_tokens=new)
         for L, k, reuse in CASES if prompt == PROMPTS[0] else CASES[:1]:
             d = EarlyExit(model, L, reuse=reuse)
-            target = ReusingTarget(model, d)
-            r = run(target, tok, ids, d, k, max_new_tokens=new)
+            r = run(model, tok, ids, d, k, max_new_tokens=new)
             assert r.token_ids == plain.token_ids, (prompt, L, k, reuse)
             speculative = sum(1 for x in r.rounds if x["drafted"])
-            assert speculative and target.reused == (speculative if reuse else 0)
+            assert speculative and d.reused == (speculative if reuse else 0)
             if L == model.cfg.num_layers:  # the whole model drafts: every token is accepted
                 assert r.acceptance_rate == 1.0
 
@@ -90,28 +89,25 @@ class Recording(EarlyExit):
         return draft
 
 
-class CacheWatch(ReusingTarget):
-    """Checks the target's cache before every verification: the committed tokens but the last."""
+class CacheWatch(Recording):
+    """Checks the target's cache at every verification: the committed tokens but the last."""
 
-    def __call__(self, tokens, cache, **kw):
-        if self.drafter._pending is not None:
-            start, expected, _ = self.drafter._pending
-            assert cache.length == start and tokens[0].tolist() == expected
-        out = super().__call__(tokens, cache, **kw)
-        self.lengths.append(cache.length)
-        return out
+    def verify_forward(self, model, cache, inputs):
+        if self._pending is not None:
+            start, expected, _ = self._pending
+            assert cache.length == start and inputs[0].tolist() == expected
+        self.lengths.append(cache.length + inputs.shape[1])
+        return super().verify_forward(model, cache, inputs)
 
 
 def test_caches_hold_what_they_should(tiny):
     model, tok = tiny
     ids = tok.encode(PROMPTS[1], chat=False)
-    d = Recording(model, 2, max_len=64)
-    d.log = []
-    target = CacheWatch(model, d)
-    target.lengths = []
-    r = run(target, tok, ids, d, 3, max_new_tokens=40)
+    d = CacheWatch(model, 2, max_len=64)
+    d.log, d.lengths = [], []
+    r = run(model, tok, ids, d, 3, max_new_tokens=40)
     assert d.log and len(set(d.log)) == 1  # never reallocated for a 70-token request
-    assert max(target.lengths) <= len(ids) + 40 + 3
+    assert d.lengths and max(d.lengths) <= len(ids) + 40 + 3
     assert d.cache.length <= len(ids) + r.new_tokens + 3
     with pytest.raises(ValueError, match="exit_layer"):
         EarlyExit(model, 0)

@@ -7,7 +7,7 @@ import torch
 
 from specdec.draft import Draft
 from specdec.drafters.base import Context, Drafter, Outcome
-from specdec.drafters.early_exit import EarlyExit, ReusingTarget
+from specdec.drafters.early_exit import EarlyExit
 from specdec.drafters.hybrid import Hybrid
 from specdec.drafters.prompt_lookup import PromptLookup
 from specdec.runtime.loader import load_transformer
@@ -35,8 +35,8 @@ def test_greedy_equals_plain_with_lookup_then_early_exit(tiny, reuse):
     for prompt in PROMPTS:  # repetitive prompts: lookup hits in some rounds and misses in others
         ids = tok.encode(prompt, chat=False)
         plain = run(model, tok, ids, max_new_tokens=40)
-        h = Hybrid([PromptLookup(), EarlyExit(model, 1, max_len=128)])
-        r = run(ReusingTarget(model, h) if reuse else model, tok, ids, h, 3, max_new_tokens=40)
+        h = Hybrid([PromptLookup(), EarlyExit(model, 1, max_len=128, reuse=reuse)])
+        r = run(model, tok, ids, h, 3, max_new_tokens=40)
         assert r.token_ids == plain.token_ids, prompt
         stats = h.stats()
         assert sum(stats[n]["drafted"] for n in used) == r.drafted

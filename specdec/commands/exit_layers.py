@@ -123,7 +123,7 @@ def measure_exit_layers(llm, prompts: Sequence[str | Sequence[int]] = DEFAULT_PR
     from specdec import theory
     from specdec.adaptive import FixedK
     from specdec.decode import Request, decode
-    from specdec.drafters.early_exit import EarlyExit, ReusingTarget
+    from specdec.drafters.early_exit import EarlyExit
 
     model, tok = llm.model, llm.tokenizer
     n_layers = model.cfg.num_layers
@@ -141,21 +141,18 @@ def measure_exit_layers(llm, prompts: Sequence[str | Sequence[int]] = DEFAULT_PR
     request = Request(max_new_tokens=max_new_tokens)
     runs: dict = {name: [] for name in ["plain", *layers]}
     reused = dict.fromkeys(layers, 0)
-    drafters = {L: EarlyExit(model, L) for L in layers}
+    drafters = {L: EarlyExit(model, L, reuse=reuse) for L in layers}
     for i, prompt in enumerate(ids):
         order = ["plain", *layers]
         order = order[i % len(order):] + order[:i % len(order)]  # rotate: no variant always runs first
         for name in order:
             say(f"prompt {i + 1}/{len(ids)}: {'plain' if name == 'plain' else f'exit layer {name}'}")
-            if name == "plain":
-                target, drafter, policy = model, None, None
-            else:
-                drafter, policy = drafters[name], FixedK(k)
-                target = ReusingTarget(model, drafter) if reuse else model
-            result = list(decode(target, tok, prompt, request, drafter, policy))[-1].result
+            drafter = None if name == "plain" else drafters[name]
+            before = drafter.reused if drafter else 0
+            result = list(decode(model, tok, prompt, request, drafter, FixedK(k) if drafter else None))[-1].result
             runs[name].append(result)
-            if name != "plain" and reuse:
-                reused[name] += target.reused
+            if drafter:
+                reused[name] += drafter.reused - before
             if drafter:
                 drafter.reset()  # free the draft cache between prompts
     plain = runs["plain"]

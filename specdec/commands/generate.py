@@ -34,12 +34,18 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--method", default="plain", choices=METHODS,
                    help="plain (no speculation), draft (a small draft model, --draft), prompt-lookup "
                         "(n-grams of the context), retrieval (REST: continuations from a datastore, "
-                        "--datastore) (default plain)")
+                        "--datastore), early-exit (the target's first L layers, --exit-layer), hybrid (the "
+                        "first of --sources that proposes something) (default plain)")
     g.add_argument("--k", default="auto", type=parse_k,
                    help="draft length per round, or 'auto' (default): chosen each round from measured "
                         "acceptance, draft cost and the verify-cost curve of `specdec probe`; 0 = plain steps")
     g.add_argument("--draft", default=None, metavar="NAME",
                    help="draft model for --method draft (same tokenizer as --model), e.g. qwen2.5-coder-0.5b")
+    g.add_argument("--exit-layer", default="auto", metavar="L",
+                   help="exit layer for --method early-exit, or 'auto' (default): the best layer measured by "
+                        "`specdec exit-layers` (measured briefly on first use)")
+    g.add_argument("--sources", default="prompt-lookup,draft", metavar="A,B",
+                   help="ordered drafters for --method hybrid (default prompt-lookup,draft)")
     g.add_argument("--datastore", default=None, metavar="DIR",
                    help="retrieval datastore for --method retrieval (default: the model's ShareGPT datastore, "
                         "built by `specdec datastore build --model NAME --from sharegpt`)")
@@ -76,7 +82,8 @@ def run(args) -> int:
     from specdec.api import LLM
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    llm = LLM(args.model, dtype=args.dtype, draft=args.draft, datastore=args.datastore)
+    llm = LLM(args.model, dtype=args.dtype, draft=args.draft, datastore=args.datastore,
+              exit_layer=args.exit_layer, sources=args.sources)
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop, chat=args.chat,
                   method=args.method, k=args.k)

@@ -91,6 +91,7 @@ class EarlyExit(Drafter):
         self.cache: KVCache | None = None
         self.fed: list[int] = []         # tokens whose layer-<L KV is in self.cache
         self._pending = None             # (start, inputs, hidden rows) of the last proposal, for verify_forward
+        self.reused = 0                  # verifications that reused the draft's layer-<L work
 
     def reset(self) -> None:
         self.cache = None
@@ -162,29 +163,8 @@ class EarlyExit(Drafter):
         for i in range(L):
             cache.k[i][:, :, start:start + m] = self.cache.k[i][:, :, start:start + m]
             cache.v[i][:, :, start:start + m] = self.cache.v[i][:, :, start:start + m]
+        self.reused += 1
         return forward_from_layer(model, cache, torch.cat(hidden, dim=1), inputs[:, m:], L)
-
-
-class ReusingTarget:
-    """Stands in for the target in `decode` so verification goes through the drafter's `verify_forward`
-    (EarlyExit, or a Hybrid holding one; an adapter for tests and measurements until the loop calls the
-    hook itself): every other call, and any verification the drafter cannot serve, is the model's own."""
-
-    def __init__(self, model: Transformer, drafter: Drafter):
-        self.model, self.drafter = model, drafter
-        self.cfg = model.cfg
-        self.reused = 0
-
-    def new_cache(self, *args, **kwargs) -> KVCache:
-        return self.model.new_cache(*args, **kwargs)
-
-    def __call__(self, tokens, cache, positions=None, mask=None, **kwargs) -> ForwardOutput:
-        if positions is None and mask is None and not kwargs and tokens.shape[1] > 1:
-            out = self.drafter.verify_forward(self.model, cache, tokens)
-            if out is not None:
-                self.reused += 1
-                return out
-        return self.model(tokens, cache, positions=positions, mask=mask, **kwargs)
 
 
 def build_early_exit(llm, exit_layer: int | str = "auto", **kwargs) -> EarlyExit:
