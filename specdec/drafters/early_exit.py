@@ -17,8 +17,9 @@ forward, up to the last bits of fp32 (chunking changes summation order, as in an
 speculation).
 
 Example: SmolLM2-135M has 30 layers; `EarlyExit(model, 8)` drafts with layers 0..7 + norm +
-head. Its tied 49k x 576 LM head is a fifth of a step, so tau(8) is about 0.4, not 8/30: the
-choice of L is measured (`specdec exit-layers`), not guessed.
+head. Its tied 49k x 576 LM head is a fifth of a step, so tau(8) measures 0.37, not 8/30; and a
+model not trained for early exit agrees with its layer-8 guess about 4% of the time (22 layers:
+23%). The choice of L is measured (`specdec exit-layers`), not guessed.
 """
 
 from __future__ import annotations
