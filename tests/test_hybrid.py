@@ -120,6 +120,8 @@ def test_per_source_policies_cap_and_skip():
     pa.k = 3
     d = h.propose(ctx(), 2)  # the loop's k still caps every source
     assert a.asked == [2] and h.last_source == "a"
+    h.use_policies(lambda s: Policy(1))
+    assert len(h.propose(ctx(), 4)) == 1 and h.last_source == "a"
     with pytest.raises(ValueError, match="one policy per source"):
         Hybrid([a, b], policies=[pa])
 

@@ -168,14 +168,15 @@ class EarlyExit(Drafter):
         return forward_from_layer(model, cache, torch.cat(hidden, dim=1), inputs[:, m:], L)
 
 
-def build_early_exit(llm, exit_layer: int | str = "auto", **kwargs) -> EarlyExit:
+def build_early_exit(llm, exit_layer: int | str = "auto", progress=None, **kwargs) -> EarlyExit:
     """The EarlyExit drafter for a `specdec.LLM`. exit_layer "auto": the best layer measured by
-    `specdec exit-layers` (cached per model and dtype; measured now, briefly, when missing); an integer:
-    that layer. tau_prior is the measured draft cost when a measurement covers the layer."""
+    `specdec exit-layers` (cached per model and dtype; measured now when missing, which takes minutes on
+    a CPU: `progress(str)` hears about it); an integer: that layer. tau_prior is the measured draft cost
+    when a measurement covers the layer. kwargs go to EarlyExit (max_len, reuse)."""
     from specdec.commands.exit_layers import best_exit_layer, cached_report
 
     if exit_layer == "auto":
-        exit_layer, report = best_exit_layer(llm)
+        exit_layer, report = best_exit_layer(llm, progress=progress)
     elif isinstance(exit_layer, str) and exit_layer.isdigit():
         exit_layer, report = int(exit_layer), cached_report(llm)
     else:

@@ -52,6 +52,10 @@ class Hybrid(Drafter):
         self.counts = {}
         self.reset_counts()
 
+    def use_policies(self, make: Callable[[Drafter], object]) -> None:
+        """Give every source its own k policy, `make(source)` (e.g. AdaptiveK with the source's tau_prior)."""
+        self.policies = [make(s) for s in self.sources]
+
     # --- the interface ----------------------------------------------------------------------------------
     def propose(self, ctx: Context, k: int) -> Draft:
         self._last = self.last_source = None
