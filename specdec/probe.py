@@ -100,22 +100,14 @@ def probe(model: Transformer, name: str = "", context: int = 256, sizes=SIZES, r
                        bound_seconds=wbytes / (bw * 1e9), threads=torch.get_num_threads())
 
 
-def cache_path(name: str, dtype: str) -> Path:
-    from specdec.store import home
-
-    safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in name)
-    return home() / "probe" / f"{safe}-{dtype}.json"
-
-
 def save(result: ProbeResult) -> Path:
-    path = cache_path(result.model, result.dtype)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result.to_dict(), indent=2))
-    tmp.replace(path)
-    return path
+    from specdec.store import measurement_path, write_json
+
+    return write_json(measurement_path("probe", result.model, result.dtype), result.to_dict())
 
 
 def load_cached(name: str, dtype: str) -> ProbeResult | None:
-    path = cache_path(name, dtype)
+    from specdec.store import measurement_path
+
+    path = measurement_path("probe", name, dtype)
     return ProbeResult.from_dict(json.loads(path.read_text())) if path.exists() else None

@@ -213,7 +213,8 @@ def test_exit_layers_command_measures_caches_and_feeds_auto(tiny_folder, monkeyp
     from types import SimpleNamespace
 
     from specdec.cli import main
-    from specdec.commands.exit_layers import best_exit_layer, cache_path, default_layers
+    from specdec.commands.exit_layers import best_exit_layer, default_layers
+    from specdec.store import measurement_path
     from specdec.drafters.early_exit import build_early_exit
 
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
@@ -227,7 +228,7 @@ def test_exit_layers_command_measures_caches_and_feeds_auto(tiny_folder, monkeyp
     assert full["alpha"] == 1.0 and full["reused"] > 0  # the whole model as draft: every token accepted
     for r in out["rows"]:
         assert 0 < r["tau"] and 0 <= r["alpha"] <= 1 and r["tokens_per_s"] > 0
-    assert cache_path(str(tiny_folder), "float32").is_file()
+    assert measurement_path("exit_layers", str(tiny_folder), "float32").is_file()
 
     model, tok = load_transformer(tiny_folder, torch.float32), Tokenizer(tiny_folder)
     llm = SimpleNamespace(name=str(tiny_folder), model=model, tokenizer=tok)

@@ -16,19 +16,9 @@ import sys
 from pathlib import Path
 
 
-def k_value(s: str):
-    if s == "auto":
-        return s
-    try:
-        k = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a non-negative integer, got {s!r}") from None
-    if k < 0:
-        raise argparse.ArgumentTypeError(f"k must be >= 0, got {k}")
-    return k
-
-
 def register(sub) -> None:
+    from specdec.commands.generate import parse_k
+
     p = sub.add_parser(
         "bench", help="benchmark decoding methods on prompt sets (Spec-Bench, HumanEvalFix)",
         description=(
@@ -73,7 +63,7 @@ def register(sub) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
                    help="compute dtype for ours and HF's; auto = bf16 where the CPU has bf16 matmuls, "
                         "else fp32 (default auto)")
-    p.add_argument("--k", type=k_value, default="auto", metavar="auto|N",
+    p.add_argument("--k", type=parse_k, default="auto", metavar="auto|N",
                    help="draft length: auto (adaptive, the default) or a fixed N")
     p.add_argument("--compare-hf", action="store_true",
                    help="also run transformers' generate: hf-plain, hf-assisted (with --draft), hf-prompt-lookup")

@@ -190,24 +190,16 @@ def measure_exit_layers(llm, prompts: Sequence[str | Sequence[int]] = DEFAULT_PR
 # --- the cache behind `--exit-layer auto` ---------------------------------------------------------------
 
 
-def cache_path(name: str, dtype: str) -> Path:
-    from specdec.store import home
-
-    safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in name)
-    return home() / "exit_layers" / f"{safe}-{dtype}.json"
-
-
 def save(report: ExitLayerReport) -> Path:
-    path = cache_path(report.model, report.dtype)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report.to_dict(), indent=2))
-    tmp.replace(path)
-    return path
+    from specdec.store import measurement_path, write_json
+
+    return write_json(measurement_path("exit_layers", report.model, report.dtype), report.to_dict())
 
 
 def load_cached(name: str, dtype: str) -> ExitLayerReport | None:
-    path = cache_path(name, dtype)
+    from specdec.store import measurement_path
+
+    path = measurement_path("exit_layers", name, dtype)
     if not path.exists():
         return None
     try:

@@ -32,6 +32,21 @@ class Outcome:
     emitted: list[int]            # accepted draft tokens + the recovered or bonus token
 
 
+def sync_prefix(cache, fed: list[int], tokens: list[int]) -> int:
+    """Keep a drafter's own KV cache in step with the committed tokens: rewind `cache` (and `fed`, the
+    tokens whose KV it holds) to the longest common prefix with `tokens`, leaving at least the last
+    token to feed. Returns that prefix length; the caller feeds `tokens[common:]`."""
+    common = 0
+    for a, b in zip(fed, tokens):
+        if a != b:
+            break
+        common += 1
+    common = min(common, len(tokens) - 1)
+    cache.rewind(cache.length - common)
+    del fed[common:]
+    return common
+
+
 class Drafter:
     """Base class: subclasses implement `propose`; the rest is optional."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from specdec.draft import Draft
-from specdec.drafters.base import Context, Drafter
+from specdec.drafters.base import Context, Drafter, sync_prefix
 from specdec.errors import SpecdecError
 from specdec.runtime.model import Transformer
 from specdec.sampling import probs_from_logits, sample
@@ -51,15 +51,7 @@ class DraftModel(Drafter):
         if self.cache is None or len(tokens) + 64 > self.cache.max_len:
             self.cache = self.model.new_cache(len(tokens) + 512)
             self.fed = []
-        common = 0
-        for a, b in zip(self.fed, tokens):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(tokens) - 1)  # always feed at least the last token
-        self.cache.rewind(self.cache.length - common)
-        self.fed = self.fed[:common]
-        new = tokens[common:]
+        new = tokens[sync_prefix(self.cache, self.fed, tokens):]
         logits = self.model(torch.tensor([new]), self.cache, last_only=True).logits[0, -1]
         self.fed.extend(new)
         return logits

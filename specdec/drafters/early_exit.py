@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from specdec.draft import Draft
-from specdec.drafters.base import Context, Drafter
+from specdec.drafters.base import Context, Drafter, sync_prefix
 from specdec.runtime.kv_cache import KVCache
 from specdec.runtime.model import ForwardOutput, Transformer
 from specdec.sampling import probs_from_logits, sample
@@ -115,15 +115,7 @@ class EarlyExit(Drafter):
         if self.cache is None or len(tokens) + 64 > self.cache.max_len:
             self.cache = self._new_cache(max(self.max_len, len(tokens) + 256))
             self.fed = []
-        common = 0
-        for a, b in zip(self.fed, tokens):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(tokens) - 1)
-        self.cache.rewind(self.cache.length - common)
-        del self.fed[common:]
-        return self._step(tokens[common:])
+        return self._step(tokens[sync_prefix(self.cache, self.fed, tokens):])
 
     def propose(self, ctx: Context, k: int) -> Draft:
         self._pending = None

@@ -120,6 +120,21 @@ def home() -> Path:
     return Path(os.environ.get("SPECDEC_HOME") or "~/.cache/specdec").expanduser()
 
 
+def measurement_path(kind: str, model: str, dtype: str) -> Path:
+    """Where a per-model, per-dtype measurement lives, e.g. `probe/smollm2-135m-float32.json`."""
+    safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in model)
+    return home() / kind / f"{safe}-{dtype}.json"
+
+
+def write_json(path: Path, data) -> Path:
+    """Write JSON atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+    return path
+
+
 def model_dir(name: str) -> Path:
     return home() / "models" / name
 
