@@ -53,6 +53,7 @@ class AdaptiveK:
     explore_every: int = 8         # after this many plain steps, try k = 1 once
     tau: float = 0.0               # draft cost per token, in target steps (a prior, then measured)
     tau_measured: int = 0
+    rounds_timed: int = 0
     accepted: list[float] = field(default_factory=list)
     tried: list[float] = field(default_factory=list)
     plain_streak: int = 0
@@ -93,6 +94,9 @@ class AdaptiveK:
         """Update tau from one round's measured times: draft seconds per token over the target's
         one-position step time (the round's target time divided by the verify-cost curve)."""
         if drafted <= 0:
+            return
+        self.rounds_timed += 1
+        if self.rounds_timed == 1:  # the first round's draft time includes the drafter's own prefill
             return
         step = target_seconds / self.cost(drafted + 1)
         tau = (draft_seconds / drafted) / step

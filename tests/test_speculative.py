@@ -186,3 +186,13 @@ def test_same_seed_same_output_with_speculation(env):
     a = run(env, ids, DraftModel(env["draft"], VOCAB, VOCAB), FixedK(3), max_new_tokens=30, sampling=sp)
     b = run(env, ids, DraftModel(env["draft"], VOCAB, VOCAB), FixedK(3), max_new_tokens=30, sampling=sp)
     assert a.token_ids == b.token_ids
+
+
+def test_adaptive_k_measures_tau_after_the_drafters_prefill():
+    policy = AdaptiveK(tau=0.3)
+    policy.timing(4, draft_seconds=50.0, target_seconds=1.0)  # round 1: the drafter prefilled a long prompt
+    assert policy.tau == 0.3
+    policy.timing(4, draft_seconds=0.4, target_seconds=1.0)
+    assert policy.tau == pytest.approx(0.1 * policy.cost(5))
+    policy = AdaptiveK(prior_alpha=0.9, tau=0.3)
+    assert policy.choose() >= 2  # alpha 0.9 at tau 0.3 pays for a few drafted tokens
