@@ -9,7 +9,6 @@ summary) and DIR/speedup.png. See specdec/bench/ for the rules (warm-up, interle
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import sys
