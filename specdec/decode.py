@@ -75,6 +75,7 @@ class Chunk:
     text: str                   # newly committed text (may be empty)
     tokens: list[int]           # tokens committed by this round
     accepted: int = 0           # how many of them were accepted draft tokens (the rest: recovered/bonus)
+    kind: str = "plain"         # the round's last token: "plain" (no draft), "recovered" or "bonus"
     result: Result | None = None  # set on the final chunk only
 
 
@@ -208,10 +209,11 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
         rounds.append(dict(drafted=n, accepted=result.num_accepted, kind=result.kind if n else "plain",
                            committed=len(committed), draft_s=tv - td, target_s=t1 - tv, t=t1 - t0))
         accepted_here = min(result.num_accepted, len(committed))
+        kind = result.kind if n else "plain"
         if not done:
-            yield Chunk(stopper.new_text(), committed, accepted_here)
+            yield Chunk(stopper.new_text(), committed, accepted_here, kind)
     seconds = time.perf_counter() - t0
-    yield Chunk(stopper.new_text(), committed, accepted_here,
+    yield Chunk(stopper.new_text(), committed, accepted_here, kind,
                 summarize(stopper, len(prompt_ids), seconds, prefill, forwards, draft_s, target_s, rounds))
 
 
