@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup clean
+.PHONY: demo test setup clean chromium
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,8 +20,11 @@ demo: $(STAMP)
 	$(BIN)/specdec bench --model smollm2-135m --methods plain,prompt-lookup --prompts humanevalfix \
 		--limit 3 --max-new-tokens 96 --dtype fp32 --out out/demo
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(BIN)/python -m pytest -q
+
+chromium:  # Debian's chromium for the race page's browser test (tests/test_race_browser.py)
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,275 @@
+"""The race's HTTP API: every endpoint, good and bad parameters (a 4xx with an "error" line, never a 500),
+and the live race on a tiny model (progress, token timings, cancel, one race at a time)."""
+
+import threading
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from specdec import theory
+from specdec.decode import Chunk
+from specdec.errors import SpecdecError
+from specdec.race.server import create_app
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    from tests.tiny import save_tiny
+
+    return str(save_tiny("llama", tmp_path_factory.mktemp("race")))
+
+
+@pytest.fixture(scope="module")
+def client(folder):
+    with TestClient(create_app(folder), raise_server_exceptions=False) as c:
+        yield c
+
+
+def wait(client, race_id, timeout=60.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        d = client.get(f"/api/live/{race_id}").json()
+        if d["state"] in ("done", "error", "cancelled"):
+            return d
+        time.sleep(0.05)
+    raise AssertionError(f"race {race_id} did not finish: {d}")
+
+
+# --- page and config -----------------------------------------------------------------------------
+
+def test_page_and_static_files(client):
+    r = client.get("/")
+    assert r.status_code == 200 and "The race" in r.text and "/static/app.js" in r.text
+    for name in ("app.js", "style.css"):
+        assert client.get(f"/static/{name}").status_code == 200
+    r = client.get("/nope")
+    assert r.status_code == 404 and r.json()["error"]
+
+
+def test_config(client, folder, monkeypatch):
+    import specdec.drafters
+
+    monkeypatch.setattr(specdec.drafters, "METHODS", specdec.drafters.METHODS + ("future-method",))
+    d = client.get("/api/config").json()
+    assert d["model"] == folder
+    assert [p["alpha"] for p in d["presets"]] == [0.82, 0.75, 0.60, 0.50, 0.15]
+    assert d["lesson"] == {"budget": 156, "step_ms": 7.0} and d["limits"] == {"k_max": 10, "occupancy_max": 200}
+    methods = {m["name"]: m for m in d["methods"]}
+    assert "future-method" in methods  # read from specdec.drafters.METHODS at request time
+    assert methods["prompt-lookup"]["available"]
+    assert not methods["draft"]["available"] and "--draft" in methods["draft"]["note"]
+
+
+def test_config_reads_the_measured_budget(folder, tmp_path, monkeypatch):
+    from specdec.probe import ProbeResult, save
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    save(ProbeResult(model="m1", dtype="float32", context=256, seconds={1: 0.0123, 2: 0.0125}, relative={1: 1.0, 2: 1.02},
+                     budget=8, weight_bytes=1, bandwidth_gbs=1.0, bound_seconds=0.01, threads=2))
+    from specdec.race.server import measured_defaults
+
+    m = measured_defaults("m1", None)
+    assert m["budget"] == 8 and m["step_ms"] == pytest.approx(12.3) and m["dtype"] == "float32"
+    assert measured_defaults("m2", None) is None
+
+
+# --- the simulation ---------------------------------------------------------------------------------
+
+def test_sim(client):
+    body = dict(alpha=0.82, k=4, tau=0.002, occupancy=0, budget=156, step_ms=7, seed=3, horizon_ms=3000)
+    d = client.post("/api/sim", json=body).json()
+    assert round(d["prediction"]["speedup"], 2) == 3.47
+    assert d["prediction"]["distribution"] == pytest.approx(theory.tokens_per_round_distribution(0.82, 4))
+    assert d["prediction"]["round_ms"] == pytest.approx(7.056) and d["prediction"]["headroom"] == 156
+    v, s = d["vanilla"], d["spec"]
+    assert v["end_ms"][0] == pytest.approx(7.0) and set(v["kind"]) == {"p"} and set(s["kind"]) <= {"r", "b"}
+    assert v["end_ms"][-1] >= 3000 and s["end_ms"][-1] >= 3000 and d["until_ms"] >= 3000
+    assert s["tokens"] == sum(s["accepted"]) + len(s["accepted"])
+    assert d["summary"]["measured_speedup"] > 2.5
+    assert client.post("/api/sim", json=body).json() == d  # seeded
+    more = client.post("/api/sim", json=dict(body, segment=1, start_vanilla_ms=v["end_ms"][-1],
+                                             start_spec_ms=s["end_ms"][-1])).json()
+    assert more["vanilla"]["end_ms"][0] == pytest.approx(v["end_ms"][-1] + 7.0)
+    assert more["spec"]["end_ms"][0] == pytest.approx(s["end_ms"][-1] + 7.056)
+
+
+def test_sim_past_the_budget(client):
+    d = client.post("/api/sim", json=dict(occupancy=200, k=4)).json()["prediction"]
+    assert d["vanilla_ms"] == pytest.approx(7 * 201 / 156) and d["verify_stretch"] == pytest.approx(205 / 156)
+    assert d["demand"] == 205 and d["headroom"] == -44 and d["speedup"] < d["speedup_free"]
+
+
+@pytest.mark.parametrize("body, field", [
+    (dict(alpha=1.5), "alpha"), (dict(alpha=-0.1), "alpha"), (dict(alpha="high"), "alpha"),
+    (dict(k=11), "k"), (dict(k=-1), "k"), (dict(k=4.5), "k"), (dict(k="4"), "k"), (dict(k=True), "k"),
+    (dict(tau=2), "tau"), (dict(occupancy=201), "occupancy"), (dict(budget=0), "budget"),
+    (dict(step_ms=0), "step_ms"), (dict(seed=-1), "seed"), (dict(seed=None), "seed"), (dict(horizon_ms=0), "horizon_ms"),
+    (dict(max_rounds=10**6), "max_rounds"), (dict(speed=3), "speed"), (dict(segment=[1]), "segment"),
+])
+def test_sim_bad_parameters(client, body, field):
+    r = client.post("/api/sim", json=body)
+    assert r.status_code == 422
+    assert field in r.json()["error"]
+
+
+@pytest.mark.parametrize("raw", ['{"alpha": NaN}', '{"tau": Infinity}', "{not json", "[1, 2]", '"x"', ""])
+def test_sim_malformed_bodies(client, raw):
+    r = client.post("/api/sim", content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"]
+
+
+# --- widgets ---------------------------------------------------------------------------------------
+
+def test_surface(client):
+    d = client.get("/api/surface", params=dict(tau=0.1, k_max=10, steps=10)).json()
+    assert d["alphas"][7] == 0.7 and d["ks"] == list(range(11))
+    assert d["speedup"][4][7] == pytest.approx(1.98, abs=0.005)  # Ch. 2: alpha 0.7, k 4, tau 0.1
+    assert d["best_k"][7] == 4 and d["break_even"][0] == 0.0
+
+
+def test_rounds(client):
+    d = client.get("/api/rounds", params=dict(alpha=0.7, k=4)).json()
+    assert d["probability"] == pytest.approx([0.3, 0.21, 0.147, 0.1029, 0.2401])
+    assert d["expected"] == pytest.approx(2.7731, abs=1e-4) and d["full_burst"] == pytest.approx(0.2401)
+
+
+def test_headroom_priority_example(client):
+    # Ch. 7: "a server at B=120 has 36 units of headroom ... grants full k=4 speculation to the 7
+    # highest-priority interactive sessions (35 units) and drops the remaining 3 interactive sessions
+    # and any batch jobs to k=0"
+    d = client.get("/api/headroom", params=dict(budget=156, occupancy=120, k=4, interactive=10, batch=2)).json()
+    assert d["headroom"] == 36 and d["fit"] == 7 and d["used"] == 35
+    granted = [(s["name"], s["granted"]) for s in d["allocation"]]
+    assert granted[:7] == [(f"chat-{i}", 4) for i in range(1, 8)]
+    assert all(g == 0 for _, g in granted[7:]) and len(granted) == 12
+    assert d["curve"][10] == {"occupancy": 20, "headroom": 136, "fit": 27}  # "roughly 136 ÷ 5 ≈ 27"
+    over = client.get("/api/headroom", params=dict(occupancy=200)).json()
+    assert over["headroom"] == -44 and all(s["granted"] == 0 for s in over["allocation"])
+
+
+@pytest.mark.parametrize("path, params, field", [
+    ("/api/surface", dict(tau="abc"), "tau"), ("/api/surface", dict(tau=-1), "tau"), ("/api/surface", dict(tau="nan"), "tau"),
+    ("/api/surface", dict(k_max=0), "k_max"), ("/api/surface", dict(steps=1000), "steps"),
+    ("/api/rounds", dict(alpha=2), "alpha"), ("/api/rounds", dict(alpha="inf"), "alpha"), ("/api/rounds", dict(k=-1), "k"),
+    ("/api/rounds", dict(k=1.5), "k"), ("/api/headroom", dict(budget=0), "budget"),
+    ("/api/headroom", dict(occupancy=999), "occupancy"), ("/api/headroom", dict(interactive="many"), "interactive"),
+])
+def test_widget_bad_parameters(client, path, params, field):
+    r = client.get(path, params=params)
+    assert r.status_code == 422 and field in r.json()["error"]
+
+
+# --- the live race ---------------------------------------------------------------------------------
+
+def test_live_race_on_a_tiny_model(client):
+    r = client.post("/api/live", json=dict(prompt="abcabcabcabc", method="prompt-lookup", k=3, max_new_tokens=24))
+    assert r.status_code == 202, r.text
+    d = wait(client, r.json()["id"])
+    assert d["state"] == "done", d
+    plain, spec = d["lanes"]["plain"], d["lanes"]["prompt-lookup"]
+    for lane in (plain, spec):
+        n = lane["result"]["new_tokens"]
+        assert 1 <= n <= 24 and len(lane["t"]) == len(lane["kind"]) == len(lane["text"]) == n
+        assert lane["t"] == sorted(lane["t"]) and lane["t"][0] > 0
+        assert lane["t"][-1] <= lane["result"]["seconds"] + 0.5
+        assert {"tokens_per_s", "mean_accepted", "acceptance_rate", "text"} <= set(lane["result"])
+    assert set(plain["kind"]) == {"plain"}
+    assert set(spec["kind"]) <= {"accepted", "recovered", "bonus", "plain"}
+    assert "".join(plain["text"]) == plain["result"]["text"]
+    assert spec["result"]["text"] == plain["result"]["text"]  # greedy: speculation changes nothing
+
+
+@pytest.mark.parametrize("body, status, words", [
+    (dict(prompt=""), 422, "prompt"), (dict(prompt="x", k="fast"), 422, "k"), (dict(prompt="x", k=-1), 422, "k"),
+    (dict(prompt="x", max_new_tokens=0), 422, "max_new_tokens"), (dict(prompt="x", max_new_tokens="ten"), 422, "max_new_tokens"),
+    (dict(prompt="x", temperature=-1), 422, "temperature"), (dict(prompt=3), 422, "prompt"), (dict(), 422, "prompt"),
+    (dict(prompt="x", method="telepathy"), 400, "unknown method"), (dict(prompt="x", method="draft"), 400, "--draft"),
+    (dict(prompt="x", model="no-such-model"), 400, "unknown model"), (dict(prompt="x", model="/no/such/dir"), 400, "no such"),
+])
+def test_live_bad_requests(client, body, status, words):
+    r = client.post("/api/live", json=body)
+    assert r.status_code == status, r.text
+    assert words in r.json()["error"]
+
+
+def test_live_unknown_race(client):
+    for r in (client.get("/api/live/999"), client.post("/api/live/999/cancel"), client.get("/api/live/abc")):
+        assert r.status_code in (404, 422) and r.json()["error"]
+
+
+class SlowLLM:
+    """Stands in for specdec.LLM: one token every 20 ms until cancelled."""
+
+    class tokenizer:
+        @staticmethod
+        def decode(ids):
+            return "".join(chr(97 + i % 26) for i in ids)
+
+    def __init__(self):
+        self.started = threading.Event()
+
+    def drafter(self, method):
+        return None
+
+    def chunks(self, prompt, max_new_tokens, **kw):
+        for i in range(max_new_tokens):
+            self.started.set()
+            time.sleep(0.02)
+            yield Chunk("x", [i], 0, "plain")
+
+
+def test_live_progress_busy_and_cancel(folder):
+    app = create_app(folder)
+    slow = SlowLLM()
+    app.state.runner.llm = lambda name=None: slow
+    with TestClient(app, raise_server_exceptions=False) as c:
+        race = c.post("/api/live", json=dict(prompt="x", method="prompt-lookup", max_new_tokens=1000)).json()
+        assert slow.started.wait(10)
+        time.sleep(0.1)
+        d = c.get(f"/api/live/{race['id']}").json()
+        assert d["state"] == "running" and d["lane"] == "plain" and 0 < d["tokens"] < 1000 and d["max_new_tokens"] == 1000
+        busy = c.post("/api/live", json=dict(prompt="y"))
+        assert busy.status_code == 409 and "running" in busy.json()["error"]
+        assert c.post(f"/api/live/{race['id']}/cancel").status_code == 200
+        d = wait(c, race["id"], timeout=5)
+        assert d["state"] == "cancelled" and "lanes" not in d
+        assert c.post("/api/live", json=dict(prompt="z", max_new_tokens=2)).status_code == 202  # free again
+
+
+def test_live_errors_during_the_run_are_reported(folder):
+    app = create_app(folder)
+
+    def broken(name=None):
+        raise SpecdecError("model file is corrupt")
+
+    app.state.runner.llm = broken
+    with TestClient(app, raise_server_exceptions=False) as c:
+        race = c.post("/api/live", json=dict(prompt="x")).json()
+        d = wait(c, race["id"], timeout=5)
+        assert d["state"] == "error" and d["error"] == "model file is corrupt"
+
+
+def test_no_model_and_bad_model():
+    with TestClient(create_app(None), raise_server_exceptions=False) as c:
+        r = c.post("/api/live", json=dict(prompt="x"))
+        assert r.status_code == 400 and "--model" in r.json()["error"]
+        assert c.get("/api/config").json()["methods"] == []
+        assert c.post("/api/sim", json={}).status_code == 200
+    with pytest.raises(SpecdecError, match="unknown model"):
+        create_app("no-such-model")
+
+
+def test_cli(capsys, folder):
+    from specdec.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["race", "--help"])
+    assert e.value.code == 0
+    help_text = capsys.readouterr().out
+    for flag in ("--host", "--port", "--model", "--draft", "--datastore", "Chapter 8"):
+        assert flag in help_text
+    assert main(["race", "--model", "no-such-model", "--port", "0"]) == 2
+    assert main(["race", "--model", folder, "--port", "70000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("specdec race: error:") for line in err)
