@@ -184,7 +184,7 @@ def test_live_race_on_a_tiny_model(client):
     (dict(prompt=""), 422, "prompt"), (dict(prompt="x", k="fast"), 422, "k"), (dict(prompt="x", k=-1), 422, "k"),
     (dict(prompt="x", max_new_tokens=0), 422, "max_new_tokens"), (dict(prompt="x", max_new_tokens="ten"), 422, "max_new_tokens"),
     (dict(prompt="x", temperature=-1), 422, "temperature"), (dict(prompt=3), 422, "prompt"), (dict(), 422, "prompt"),
-    (dict(prompt="x", method="telepathy"), 400, "unknown method"), (dict(prompt="x", method="draft"), 400, "--draft"),
+    (dict(prompt="x", method="telepathy"), 400, "unknown method"), (dict(prompt="x", method="plain"), 400, "plain lane"), (dict(prompt="x", method="draft"), 400, "--draft"),
     (dict(prompt="x", model="no-such-model"), 400, "unknown model"), (dict(prompt="x", model="/no/such/dir"), 400, "no such"),
 ])
 def test_live_bad_requests(client, body, status, words):

@@ -183,6 +183,8 @@ class LiveRunner:
 
         if request.method not in drafters.METHODS:
             raise ValueError(f"unknown method {request.method!r}: choose one of {', '.join(drafters.METHODS)}")
+        if request.method == "plain":
+            raise ValueError("pick a speculative method: the plain lane always runs first, to race against it")
         ok, note = self.availability(request.method)
         if not ok:
             raise SpecdecError(f"method {request.method!r} is not available here: {note}")

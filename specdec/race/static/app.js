@@ -170,7 +170,7 @@ function showPrediction() {
   const p = SIM.pred;
   if (!p) return;
   $("r-predicted").textContent = `${fmt(p.speedup)}×`;
-  $("r-predicted-sub").textContent = `free budget: ${fmt(p.speedup_free)}× · best k here: ${p.best_k}`;
+  $("r-predicted-sub").textContent = `at B = 0: ${fmt(p.speedup_free)}× · best k for these knobs: ${p.best_k}`;
   $("v-info").textContent = `${fmt(p.vanilla_ms, 2)} ms per token` +
     (p.vanilla_stretch > 1 ? ` (×${fmt(p.vanilla_stretch)} past the budget)` : "");
   $("s-info").textContent = `k = ${$("k").value}, ${fmt(p.round_ms, 2)} ms per round`;
