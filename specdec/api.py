@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -31,7 +32,8 @@ from specdec.tokenizer import Tokenizer
 class LLM:
     def __init__(self, model: str = "smollm2-135m", dtype: str | None = None, pull: bool = True,
                  draft: str | None = None, datastore: str | None = None, exit_layer: int | str = "auto",
-                 sources: Sequence[str] | str = ("prompt-lookup", "draft")):
+                 sources: Sequence[str] | str = ("prompt-lookup", "draft"),
+                 lookahead: str | tuple = "auto"):
         from specdec.store import resolve
 
         self.name = model
@@ -43,10 +45,12 @@ class LLM:
         self.datastore = datastore
         self.exit_layer = exit_layer
         self.sources = sources
+        self.lookahead = lookahead
         self._draft = None
         self._retrieval = None
         self._early_exit = None
         self._cost = None
+        self._cost_measured = False
 
     # --- drafters -----------------------------------------------------------------------
     def drafter(self, method: str) -> Drafter | None:
@@ -72,6 +76,11 @@ class LLM:
 
                 self._early_exit = build_early_exit(self, self.exit_layer)
             return self._early_exit
+        if method == "lookahead":
+            from specdec.drafters.lookahead import Lookahead
+
+            pool = self.lookahead[3] if isinstance(self.lookahead, tuple) and len(self.lookahead) > 3 else True
+            return Lookahead(*self.lookahead_config(), pool=pool, eos_ids=tuple(self.tokenizer.eos_ids))
         if method == "hybrid":
             from specdec.drafters.hybrid import build_hybrid
 
@@ -93,26 +102,52 @@ class LLM:
                 p.numel() for p in self.model.parameters())
         return self._draft
 
+    def lookahead_config(self) -> tuple[int, int, int]:
+        """(window W, n-gram size N, guesses G): given, or fitted to the budget `specdec probe` measured."""
+        from specdec.drafters.lookahead import auto_config
+
+        given = (None, None, None) if self.lookahead == "auto" else tuple(self.lookahead)[:3]
+        auto = auto_config(self.budget()) if None in given else (None, None, None)
+        return tuple(a if g is None else int(g) for g, a in zip(given, auto))
+
+    def budget(self) -> int:
+        """Positions one forward can evaluate for about the cost of one (cost within 10%), from the probe."""
+        curve = self.cost_curve(measure=True)
+        return max(n for n in range(1, 65) if curve(n) <= 1.1)
+
     def policy(self, k: int | str, drafter: Drafter | None):
         if drafter is None:
             return None
-        if k == "auto":
-            sources = getattr(drafter, "sources", None)
-            if sources is not None:  # hybrid: each source keeps its own alpha, tau and k; the first that wants to draft does
-                drafter.policies = [AdaptiveK(cost=self.cost_curve(), tau=getattr(d, "tau_prior", 0.0)) for d in sources]
-                return FixedK(AdaptiveK.k_max)
-            return AdaptiveK(cost=self.cost_curve(), tau=getattr(drafter, "tau_prior", 0.0))
-        if not isinstance(k, int) or k < 0:
+        if k != "auto" and (not isinstance(k, int) or k < 0):
             raise ValueError(f"k must be a non-negative integer or 'auto', got {k!r}")
-        return FixedK(k)
 
-    def cost_curve(self) -> CostCurve:
-        """The verify-cost curve from `specdec probe` (cached per model and dtype), else a mild default."""
-        if self._cost is None:
-            from specdec.probe import load_cached
+        def auto(d):  # lookahead always runs: its depth is the n-gram's, N-1 tokens per candidate
+            if getattr(d, "name", "") == "lookahead":
+                return FixedK(d.ngram - 1)
+            return AdaptiveK(cost=self.cost_curve(), tau=getattr(d, "tau_prior", 0.0))
 
-            probe = load_cached(self.name, str(self.dtype).replace("torch.", ""))
-            self._cost = CostCurve.from_probe(probe) if probe else CostCurve()
+        if k != "auto":
+            return FixedK(k)
+        sources = getattr(drafter, "sources", None)
+        if sources is not None:  # hybrid: each source keeps its own alpha, tau and k; the first that wants to draft does
+            drafter.policies = [auto(d) for d in sources]
+            return FixedK(AdaptiveK.k_max)
+        return auto(drafter)
+
+    def cost_curve(self, measure: bool = False) -> CostCurve:
+        """The verify-cost curve from `specdec probe` (cached per model and dtype); when none is cached,
+        measured now if `measure`, else a mild default."""
+        if self._cost is None or (measure and not self._cost_measured):
+            from specdec.probe import load_cached, probe, save
+
+            result = load_cached(self.name, str(self.dtype).replace("torch.", ""))
+            if result is None and measure:
+                print(f"specdec: measuring the forward-cost curve of {self.name} once (`specdec probe`)",
+                      file=sys.stderr)
+                result = probe(self.model, self.name)
+                save(result)
+            self._cost_measured = result is not None
+            self._cost = CostCurve.from_probe(result) if result else CostCurve()
         return self._cost
 
     # --- generation -----------------------------------------------------------------------

@@ -24,7 +24,7 @@ from typing import Iterator
 import torch
 
 from specdec.adaptive import FixedK
-from specdec.draft import Draft
+from specdec.draft import Draft, forward_layout
 from specdec.drafters.base import Context, Drafter, Outcome
 from specdec.errors import SpecdecError
 from specdec.runtime.model import Transformer
@@ -149,7 +149,7 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
     stopper = Stopper(tokenizer, request)
     if drafter:
         drafter.reset()
-    k_room = getattr(policy, "k_max", getattr(policy, "k", 0))
+    k_room = getattr(policy, "k_max", getattr(policy, "k", 0)) + getattr(drafter, "extra_positions", 0)
     t0 = time.perf_counter()
     cache = model.new_cache(len(prompt_ids) + request.max_new_tokens + k_room + 1)
     logits = model(torch.tensor([prompt_ids[:-1]]), cache).logits if len(prompt_ids) > 1 else None
@@ -162,32 +162,31 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
         k = min(policy.choose(), remaining - 1) if drafter else 0
         td = time.perf_counter()
         draft = drafter.propose(ctx, k) if k > 0 else Draft.empty()
-        if len(draft) > max(k, 0):
-            raise RuntimeError(f"{drafter.name} proposed {len(draft)} tokens for k = {k}")
+        if draft.depth > max(k, 0):
+            raise RuntimeError(f"{drafter.name} proposed a draft {draft.depth} tokens deep for k = {k}")
         tv = time.perf_counter()
-        n = len(draft)
-        inputs = torch.tensor([[ctx.tokens[-1]] + draft.tokens.tolist()])
+        n, m = len(draft), len(draft.aux) if draft.aux is not None else 0
+        extra = draft.aux.tokens.tolist() if m else []
+        inputs = torch.tensor([[ctx.tokens[-1]] + draft.tokens.tolist() + extra])
         positions = mask = None
-        if n and not draft.is_chain:  # a tree: positions by depth, each node sees its ancestors
-            from specdec.draft import position_offsets, tree_attention_mask
-
+        simple = draft.is_chain and not m  # a chain alone: default positions and causal mask
+        if not simple:  # a tree and/or aux positions: each sees the cache, the root and what its layout allows
             start = cache.length
-            positions = (start + torch.cat([torch.zeros(1, dtype=torch.long), position_offsets(draft.parents)]))[None]
-            mask = torch.ones(1, n + 1, start + n + 1, dtype=torch.bool)
-            mask[0, :, start:] = False
-            mask[0, :, start] = True
-            mask[0, 1:, start + 1:] = tree_attention_mask(draft.parents)
+            offsets, local = forward_layout(draft)
+            positions = (start + offsets)[None]
+            mask = torch.ones(1, 1 + n + m, start + 1 + n + m, dtype=torch.bool)
+            mask[0, :, start:] = local
         out = None
-        if n and draft.is_chain and hasattr(drafter, "verify_forward"):  # LayerSkip: reuse the draft's work
+        if n and simple and hasattr(drafter, "verify_forward"):  # LayerSkip: reuse the draft's work
             out = drafter.verify_forward(model, cache, inputs)
         out = out or model(inputs, cache, positions=positions, mask=mask)
-        logits = out.logits[0]  # [n+1, V]
+        logits = out.logits[0]  # [1+n+m, V]
         forwards += 1
-        result = verify(draft, target_probs(logits, sampling), gen, mode, validate=False)
-        if draft.is_chain:
+        result = verify(draft, target_probs(logits[:1 + n], sampling), gen, mode, validate=False)
+        if simple:
             cache.rewind(n - result.num_accepted)
         else:
-            cache.compact([0] + [i + 1 for i in result.path], newest=n + 1)
+            cache.compact([0] + [i + 1 for i in result.path], newest=1 + n + m)
         t1 = time.perf_counter()
         draft_s += tv - td
         target_s += t1 - tv
@@ -200,7 +199,7 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
                 break
         ctx.tokens.extend(emitted)
         if drafter:
-            drafter.observe(Outcome(draft, result.num_accepted, emitted))
+            drafter.observe(Outcome(draft, result.num_accepted, emitted, logits[1 + n:] if m else None))
             if n:
                 policy.observe(n, result.num_accepted)
                 for measured in (policy, drafter):  # tau from this round's times (Hybrid: its proposer's policy)

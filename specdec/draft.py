@@ -59,12 +59,39 @@ def check_parents(parents) -> torch.Tensor:
 
 
 @dataclass
+class Aux:
+    """Positions that ride along in the verification forward without being candidates: lookahead
+    decoding's Jacobi window (Fu et al. 2024). Each sees the committed context, the root and the aux
+    positions `mask` allows; no draft node sees them and they see no draft node. Their logits go back
+    to the drafter (`Outcome.aux_logits`) and their KV is dropped after the round.
+
+    tokens [m] long, offsets [m] positions after the root's (>= 1), mask [m, m] bool."""
+
+    tokens: torch.Tensor
+    offsets: torch.Tensor
+    mask: torch.Tensor
+
+    def __post_init__(self) -> None:
+        self.tokens = _as_long_1d(self.tokens, "aux tokens")
+        self.offsets = _as_long_1d(self.offsets, "aux offsets")
+        m = self.tokens.numel()
+        if self.offsets.numel() != m or tuple(self.mask.shape) != (m, m) or self.mask.dtype != torch.bool:
+            raise ValueError(f"aux needs offsets [m] and a bool mask [m, m] for m = {m} tokens")
+        if m and int(self.offsets.min()) < 1:
+            raise ValueError("aux offsets must be >= 1 (positions after the root)")
+
+    def __len__(self) -> int:
+        return int(self.tokens.numel())
+
+
+@dataclass
 class Draft:
     """Candidates proposed for one verification round (see the module docstring)."""
 
     tokens: torch.Tensor  # [n] long
     parents: torch.Tensor  # [n] long, -1 = root
     q: torch.Tensor | None = None  # [n, V] draft probabilities, or None (deterministic draft)
+    aux: Aux | None = None  # extra non-candidate positions in the same forward (lookahead's window)
 
     def __post_init__(self) -> None:
         self.tokens = _as_long_1d(self.tokens, "tokens")
@@ -97,6 +124,11 @@ class Draft:
 
     def __len__(self) -> int:
         return int(self.tokens.numel())
+
+    @property
+    def depth(self) -> int:
+        """Tokens on the longest root-to-leaf path (= len for a chain): what k bounds."""
+        return int(depths(self.parents).max()) + 1 if len(self) else 0
 
     @property
     def is_chain(self) -> bool:
@@ -135,6 +167,25 @@ def tree_attention_mask(parents) -> torch.Tensor:
         mask[rows[live], cur[live]] = True
         cur = torch.where(live, par[cur.clamp(min=0)], cur)
     return mask
+
+
+def forward_layout(draft: Draft) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions (offsets from the root's) and the attention mask among the new positions of one
+    verification forward: the root, then the draft nodes, then the aux positions.
+
+    Returns offsets [1+n+m] and mask [1+n+m, 1+n+m] (True = may attend); every new position
+    also sees the whole committed cache. A chain gives offsets 0..n and a causal mask."""
+    n, aux = len(draft), draft.aux
+    m = len(aux) if aux is not None else 0
+    offsets = torch.zeros(1 + n + m, dtype=torch.long)
+    offsets[1:1 + n] = position_offsets(draft.parents)
+    mask = torch.zeros(1 + n + m, 1 + n + m, dtype=torch.bool)
+    mask[:, 0] = True
+    mask[1:1 + n, 1:1 + n] = tree_attention_mask(draft.parents)
+    if m:
+        offsets[1 + n:] = aux.offsets
+        mask[1 + n:, 1 + n:] = aux.mask
+    return offsets, mask
 
 
 def children(parents) -> list[list[int]]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    from specdec.commands.generate import parse_k
+    from specdec.commands.generate import add_lookahead_args, parse_k
 
     p = sub.add_parser(
         "bench", help="benchmark decoding methods on prompt sets (Spec-Bench, HumanEvalFix)",
@@ -64,6 +64,7 @@ def register(sub) -> None:
                         "else fp32 (default auto)")
     p.add_argument("--k", type=parse_k, default="auto", metavar="auto|N",
                    help="draft length: auto (adaptive, the default) or a fixed N")
+    add_lookahead_args(p)
     p.add_argument("--compare-hf", action="store_true",
                    help="also run transformers' generate: hf-plain, hf-assisted (with --draft), hf-prompt-lookup")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
@@ -115,7 +116,10 @@ def run(args) -> int:
 
     if args.draft:
         resolve(args.draft, pull=True)  # an unknown draft model fails now, not after loading the target
-    llm = LLM(args.model, dtype=args.dtype, draft=args.draft, datastore=args.datastore)
+    from specdec.commands.generate import lookahead_arg
+
+    llm = LLM(args.model, dtype=args.dtype, draft=args.draft, datastore=args.datastore,
+              lookahead=lookahead_arg(args))
     dtype = str(llm.dtype).replace("torch.", "")
     settings = runner.BenchSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                     top_p=args.top_p, k=args.k, seed=args.seed)

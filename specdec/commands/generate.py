@@ -34,8 +34,8 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--method", default="plain", choices=METHODS,
                    help="plain (no speculation), draft (a small draft model, --draft), prompt-lookup "
                         "(n-grams of the context), retrieval (REST: continuations from a datastore, "
-                        "--datastore), early-exit (the target's first L layers, --exit-layer), hybrid (the "
-                        "first of --sources that proposes something) (default plain)")
+                        "--datastore), early-exit (the target's first L layers, --exit-layer), lookahead (Jacobi window + n-gram pool, "
+                        "no draft), hybrid (the first of --sources that proposes something) (default plain)")
     g.add_argument("--k", default="auto", type=parse_k,
                    help="draft length per round, or 'auto' (default): chosen each round from measured "
                         "acceptance, draft cost and the verify-cost curve of `specdec probe`; 0 = plain steps")
@@ -49,6 +49,26 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--datastore", default=None, metavar="DIR",
                    help="retrieval datastore for --method retrieval (default: the model's ShareGPT datastore, "
                         "built by `specdec datastore build --model NAME --from sharegpt`)")
+
+
+def add_lookahead_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("lookahead decoding (--method lookahead, or a hybrid source)")
+    g.add_argument("--lookahead", default="auto", choices=["auto"],
+                   help="auto (default): window, n-gram size and guesses fitted to the budget `specdec probe` "
+                        "measured for this model and dtype (probed once if needed); the flags below override")
+    g.add_argument("--window", type=int, default=None, metavar="W", help="Jacobi window: W columns (0 = none)")
+    g.add_argument("--ngram", type=int, default=None, metavar="N",
+                   help="n-gram size N: N-1 Jacobi levels, candidates of N-1 tokens")
+    g.add_argument("--guesses", type=int, default=None, metavar="G",
+                   help="candidate n-grams from the pool verified per forward")
+    g.add_argument("--no-pool", dest="pool", action="store_false",
+                   help="keep no n-gram pool: verify only the n-grams the window just produced (a baseline)")
+
+
+def lookahead_arg(args):
+    """LLM(lookahead=...): 'auto', or (W, N, G, pool) with None where auto decides."""
+    given = (args.window, args.ngram, args.guesses)
+    return "auto" if given == (None, None, None) and args.pool else (*given, args.pool)
 
 
 def parse_k(value: str):
@@ -69,6 +89,7 @@ def register(sub) -> None:
     p.add_argument("prompt", help="the prompt text ('-' reads standard input)")
     add_model_args(p)
     add_method_args(p)
+    add_lookahead_args(p)
     add_sampling_args(p)
     chat = p.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
@@ -83,7 +104,7 @@ def run(args) -> int:
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     llm = LLM(args.model, dtype=args.dtype, draft=args.draft, datastore=args.datastore,
-              exit_layer=args.exit_layer, sources=args.sources)
+              exit_layer=args.exit_layer, sources=args.sources, lookahead=lookahead_arg(args))
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop, chat=args.chat,
                   method=args.method, k=args.k)

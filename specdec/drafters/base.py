@@ -30,6 +30,7 @@ class Outcome:
     draft: Draft
     num_accepted: int
     emitted: list[int]            # accepted draft tokens + the recovered or bonus token
+    aux_logits: torch.Tensor | None = None  # target logits at the draft's aux positions [m, V]
 
 
 def sync_prefix(cache, fed: list[int], tokens: list[int]) -> int:

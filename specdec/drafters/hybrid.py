@@ -20,6 +20,10 @@ round falls through to the next one), and the outcome updates only the proposer'
 `last_source` names the proposer of the latest round (None: nobody proposed) for callers that
 key their own statistics by source.
 
+Lookahead as a source (Ch. 6, "combining, not choosing"): its Jacobi window rides along in the
+forward of whichever source drafts the round (and alone when nobody does), and its n-gram pool
+learns every other source's proposals (`seed`) as well as the committed text.
+
 Example: `Hybrid([PromptLookup(), EarlyExit(model, 8)])` on "fix this function": lookup
 proposes while the answer copies the buggy code, early exit drafts the edited lines;
 `hybrid.stats()` -> {"prompt-lookup": {"rounds": 31, "drafted": 118, "accepted": 97}, ...}.
@@ -49,6 +53,8 @@ class Hybrid(Drafter):
         self.deterministic = all(getattr(s, "deterministic", True) for s in sources)
         self.last_source: str | None = None
         self._last: int | None = None
+        self._aux_source: int | None = None   # the source whose lookahead window rode along this round
+        self.extra_positions = sum(getattr(s, "extra_positions", 0) for s in sources)  # cache room beyond k
         self.counts = {}
         self.reset_counts()
 
@@ -58,24 +64,33 @@ class Hybrid(Drafter):
 
     # --- the interface ----------------------------------------------------------------------------------
     def propose(self, ctx: Context, k: int) -> Draft:
-        self._last = self.last_source = None
+        self._last = self.last_source = self._aux_source = None
         if k <= 0:
             return Draft.empty()
+        aux = None
         for i, source in enumerate(self.sources):
             k_i = k if self.policies is None else min(k, self.policies[i].choose())
             if k_i <= 0:
                 continue
             draft = source.propose(ctx, k_i)
-            if len(draft) > k_i:
-                raise RuntimeError(f"{self.names[i]} proposed {len(draft)} tokens for k = {k_i}")
+            if draft.depth > k_i:
+                raise RuntimeError(f"{self.names[i]} proposed a draft {draft.depth} tokens deep for k = {k_i}")
+            if draft.aux is not None and aux is None:  # a lookahead window rides along with whoever drafts
+                aux, self._aux_source = draft.aux, i
             if len(draft):
                 self._last, self.last_source = i, self.names[i]
                 c = self.counts[self.names[i]]
                 c["rounds"] += 1
                 c["drafted"] += len(draft)
+                draft.aux = draft.aux or aux
+                for j, other in enumerate(self.sources):  # pools learn from the other sources' proposals
+                    if j != i and hasattr(other, "seed"):
+                        other.seed(ctx.tokens[-1], draft)
                 return draft
         self.counts[None]["rounds"] += 1
-        return Draft.empty()
+        empty = Draft.empty()
+        empty.aux = aux
+        return empty
 
     def observe(self, outcome: Outcome) -> None:
         i = self._last if len(outcome.draft) else None
@@ -84,8 +99,9 @@ class Hybrid(Drafter):
             if self.policies is not None:
                 self.policies[i].observe(len(outcome.draft), outcome.num_accepted)
         bystander = Outcome(Draft.empty(), 0, outcome.emitted)
+        window = Outcome(Draft.empty(), 0, outcome.emitted, outcome.aux_logits)
         for j, source in enumerate(self.sources):
-            source.observe(outcome if j == i else bystander)
+            source.observe(outcome if j == i else window if j == self._aux_source else bystander)
 
     def timing(self, drafted: int, draft_seconds: float, target_seconds: float) -> None:
         """A round's measured times, for the proposer's policy when it measures tau (AdaptiveK.timing)."""
@@ -102,7 +118,7 @@ class Hybrid(Drafter):
     def reset(self) -> None:
         for source in self.sources:
             source.reset()
-        self._last = self.last_source = None
+        self._last = self.last_source = self._aux_source = None
         self.reset_counts()
 
     # --- reporting --------------------------------------------------------------------------------------
