@@ -1,6 +1,11 @@
 """Load a Hugging Face model folder (config.json + *.safetensors) into the lean Transformer.
 
 Hugging Face names map onto fused projections: q_proj|k_proj|v_proj -> qkv, gate_proj|up_proj -> gate_up.
+
+bf16 where the skinny-GEMM kernel is available (`specdec.runtime.kernels`: gcc, AVX2 + FMA, not disabled
+by SPECDEC_KERNEL=0): the matmul weights (qkv, o, gate_up, down, LM head) and the embedding table are
+kept in bf16 and everything else in fp32, so activations, attention and the KV cache run in fp32 and
+the matmuls read half the bytes. Without the kernel, bf16 means every tensor in bf16 (torch's matmul).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import torch
 from safetensors import safe_open
 
 from specdec.errors import SpecdecError
+from specdec.runtime import kernels
 from specdec.runtime.config import ModelConfig
 from specdec.runtime.model import Transformer
 
@@ -27,9 +33,9 @@ def cpu_has_bf16_matmul() -> bool:
 
 
 def resolve_dtype(name: str | None) -> torch.dtype:
-    """`None`/"auto": bf16 where the CPU has bf16 matmuls, else fp32."""
+    """`None`/"auto": bf16 where the CPU has bf16 matmuls or the bf16 skinny-GEMM kernel works, else fp32."""
     if name in (None, "auto"):
-        return torch.bfloat16 if cpu_has_bf16_matmul() else torch.float32
+        return torch.bfloat16 if cpu_has_bf16_matmul() or kernels.available() else torch.float32
     if name not in DTYPES:
         raise SpecdecError(f"unknown dtype {name!r}: choose auto, fp32 or bf16")
     return DTYPES[name]
@@ -47,34 +53,46 @@ def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def uses_kernel(dtype: torch.dtype) -> bool:
+    """True when a model loaded in `dtype` runs its matmuls through the bf16 skinny-GEMM kernel."""
+    return dtype == torch.bfloat16 and kernels.available()
+
+
 def load_transformer(folder: str | Path, dtype: torch.dtype = torch.float32) -> Transformer:
     folder = Path(folder)
     cfg = ModelConfig.from_folder(folder)
     hf = _read_tensors(folder)
+    mixed = uses_kernel(dtype)          # bf16 matmul weights, fp32 everything else
+    other = torch.float32 if mixed else dtype
 
-    def take(name: str) -> torch.Tensor:
+    def take(name: str, to: torch.dtype = other) -> torch.Tensor:
         try:
-            return hf.pop(name).to(dtype)
+            return hf.pop(name).to(to)
         except KeyError:
             raise SpecdecError(f"{folder}: weight {name!r} is missing; the model folder is incomplete") from None
 
-    state = {"embed.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
+    def matrix(*names: str) -> torch.Tensor:
+        return torch.cat([take(x, dtype) for x in names]) if len(names) > 1 else take(names[0], dtype)
+
+    state = {"embed.weight": take("model.embed_tokens.weight", dtype), "norm.weight": take("model.norm.weight")}
     for i in range(cfg.num_layers):
         p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
         state[f"layers.{i}.input_norm.weight"] = take(p + "input_layernorm.weight")
         state[f"layers.{i}.post_norm.weight"] = take(p + "post_attention_layernorm.weight")
-        state[f"layers.{i}.qkv.weight"] = torch.cat([take(a + f"{x}_proj.weight") for x in "qkv"])
+        state[f"layers.{i}.qkv.weight"] = matrix(*(a + f"{x}_proj.weight" for x in "qkv"))
         if cfg.attention_bias:
             state[f"layers.{i}.qkv.bias"] = torch.cat([take(a + f"{x}_proj.bias") for x in "qkv"])
-        state[f"layers.{i}.o.weight"] = take(a + "o_proj.weight")
-        state[f"layers.{i}.gate_up.weight"] = torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")])
-        state[f"layers.{i}.down.weight"] = take(m + "down_proj.weight")
+        state[f"layers.{i}.o.weight"] = matrix(a + "o_proj.weight")
+        state[f"layers.{i}.gate_up.weight"] = matrix(m + "gate_proj.weight", m + "up_proj.weight")
+        state[f"layers.{i}.down.weight"] = matrix(m + "down_proj.weight")
     tied = cfg.tie_word_embeddings or "lm_head.weight" not in hf
-    state["lm_head.weight"] = state["embed.weight"] if tied else take("lm_head.weight")
+    state["lm_head.weight"] = state["embed.weight"] if tied else matrix("lm_head.weight")
 
     with torch.device("meta"):
         model = Transformer(cfg)
     model.load_state_dict(state, assign=True, strict=True)
     if tied:
         model.lm_head.weight = model.embed.weight
+    if mixed:
+        model.embed.out_dtype = torch.float32
     return model.eval()

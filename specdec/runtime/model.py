@@ -15,6 +15,11 @@ One call evaluates n new positions against a static KV cache:
 A tree of drafted tokens is one call: the tokens in any order that puts parents first,
 positions = depth, and a mask where each node sees the cache and its ancestors.
 Projections are fused (q|k|v and gate|up) so a decode step runs few, large matmuls.
+
+bf16 on a CPU without native bf16 matmuls (the loader decides): the projection and LM-head weights stay
+in bf16 and run through the skinny-GEMM kernel (`specdec.runtime.kernels`) with fp32 activations; norms,
+the embedding lookup's output, RoPE, attention and the KV cache are fp32. `model.dtype` is then bf16
+(the weights' dtype) and `model.compute_dtype` fp32.
 """
 
 from __future__ import annotations
@@ -26,8 +31,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec.runtime import kernels
 from specdec.runtime.config import ModelConfig
 from specdec.runtime.kv_cache import KVCache
+
+
+ROW_EXACT_MAX = 32  # longest chain attended row by row (speculative verification); prefill uses one masked call
 
 
 @dataclass
@@ -38,9 +47,12 @@ class ForwardOutput:
 
 class Linear(nn.Linear):
     """nn.Linear computing W @ x^T in fp32: on CPUs without native bf16 this streams the weight matrix
-    once for a few positions (a forward over 4 positions costs about one), where x @ W^T costs ~n times one."""
+    once for a few positions (a forward over 4 positions costs about one), where x @ W^T costs ~n times one.
+    A bf16 weight with fp32 input runs the bf16 skinny-GEMM kernel (fp32 sums, bit-identical for any n)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight.dtype == torch.bfloat16 and x.dtype == torch.float32:
+            return kernels.linear_bf16(x, self.weight, self.bias)
         if self.weight.dtype != torch.float32:
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(-1, x.shape[-1])
@@ -50,6 +62,16 @@ class Linear(nn.Linear):
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+class Embedding(nn.Embedding):
+    """nn.Embedding whose lookup is returned in `out_dtype` when set (bf16 table, fp32 activations)."""
+
+    out_dtype: torch.dtype | None = None
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = super().forward(tokens)
+        return x if self.out_dtype is None or x.dtype == self.out_dtype else x.to(self.out_dtype)
 
 
 class RMSNorm(nn.Module):
@@ -94,8 +116,17 @@ class Block(nn.Module):
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         cache.write(layer, k, v, start)
         keys, values = cache.view(layer, start + n)
-        att = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, enable_gqa=cfg.num_heads != cfg.num_kv_heads)
+        if keys.dtype != q.dtype:  # a cache built in another dtype than the activations
+            keys, values = keys.to(q.dtype), values.to(q.dtype)
+        gqa = cfg.num_heads != cfg.num_kv_heads
+        if mask is None and n > 1:
+            # causal chain, one query row at a time: row i is the very call a single-position forward
+            # at position start + i makes, so chains verify bit-identically to plain decoding
+            att = torch.cat([F.scaled_dot_product_attention(q[:, :, i:i + 1], keys[:, :, :start + i + 1],
+                                                            values[:, :, :start + i + 1], enable_gqa=gqa)
+                             for i in range(n)], dim=2)
+        else:
+            att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
         x = x + self.o(att.transpose(1, 2).reshape(B, n, -1))
         gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
@@ -105,7 +136,7 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -113,11 +144,24 @@ class Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
+        """The weights' dtype (what `--dtype` chose): names probes and measurements."""
         return self.embed.weight.dtype
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The activations' (and KV cache's) dtype: fp32 when bf16 weights run through the kernel."""
+        return self.norm.weight.dtype
+
+    @property
+    def row_exact(self) -> bool:
+        """True when bf16 weights run through the kernel: a causal chain of up to ROW_EXACT_MAX positions then
+        gives bit-identical logits to single-position forwards (greedy speculation is exact)."""
+        return self.dtype == torch.bfloat16 and self.compute_dtype == torch.float32
 
     def new_cache(self, max_len: int | None = None, batch: int = 1) -> KVCache:
         max_len = max_len or self.cfg.max_position_embeddings
-        return KVCache(self.cfg.num_layers, batch, self.cfg.num_kv_heads, max_len, self.cfg.head_dim, self.dtype)
+        return KVCache(self.cfg.num_layers, batch, self.cfg.num_kv_heads, max_len, self.cfg.head_dim,
+                       self.compute_dtype)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for positions [B, n] -> [B, 1, n, D] in the model dtype (computed in fp32 once)."""
@@ -128,7 +172,8 @@ class Transformer(nn.Module):
             inv_freq = 1.0 / (self.cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
             freqs = torch.outer(torch.arange(size, dtype=torch.float32), inv_freq)
             emb = torch.cat((freqs, freqs), dim=-1)
-            self._rope_cache = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
+            dt = self.compute_dtype
+            self._rope_cache = (emb.cos().to(dt), emb.sin().to(dt))
         cos, sin = self._rope_cache
         return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
 
@@ -142,8 +187,10 @@ class Transformer(nn.Module):
             raise ValueError(f"context overflow: {start + n} positions exceed the cache's {cache.max_len}")
         if positions is None:
             positions = torch.arange(start, start + n).expand(B, n)
-        if mask is None and n > 1:
-            # causal over the new positions; every cached slot is visible
+        if mask is None and n > 1 and not (self.row_exact and n <= ROW_EXACT_MAX):
+            # causal over the new positions; every cached slot is visible. (bf16 weights on the kernel keep
+            # mask None for short chains: the layers then attend row by row, bit-identical to
+            # single-position forwards.)
             mask = torch.ones(n, start + n, dtype=torch.bool).tril(diagonal=start)
         elif mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # [B, 1, n, S]: one mask for all heads

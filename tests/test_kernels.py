@@ -1,0 +1,170 @@
+"""The bf16 skinny-GEMM kernel: against a float64 reference, bit-exact order invariance, the build and the
+torch fallback, and a tiny bf16 model whose greedy speculative decoding equals plain decoding."""
+
+import logging
+
+import pytest
+import torch
+
+from specdec.adaptive import FixedK
+from specdec.decode import Request, decode
+from specdec.drafters.draft_model import DraftModel
+from specdec.drafters.prompt_lookup import PromptLookup
+from specdec.runtime import kernels
+from specdec.runtime.loader import cpu_has_bf16_matmul, load_transformer, resolve_dtype
+from specdec.tokenizer import Tokenizer
+from tests.tiny import VOCAB, save_tiny
+
+needs_kernel = pytest.mark.skipif(not kernels.available(), reason=f"kernel unavailable: {kernels.reason()}")
+
+SHAPES = [(1, 1), (7, 5), (13, 8), (77, 45), (64, 64), (100, 129), (257, 576), (1000, 17), (33, 1536)]
+
+
+def case(out_f, in_f, n, seed=0, bias=True):
+    g = torch.Generator().manual_seed(seed + 1000 * out_f + in_f)
+    w = torch.randn(out_f, in_f, generator=g).to(torch.bfloat16)
+    x = torch.randn(n, in_f, generator=g)
+    b = torch.randn(out_f, generator=g) if bias else None
+    return x, w, b
+
+
+def reference(x, w, b):
+    y = x.double() @ w.double().t()
+    return y if b is None else y + b.double()
+
+
+@needs_kernel
+@pytest.mark.parametrize("out_f,in_f", SHAPES)
+def test_matches_float64_reference(out_f, in_f):
+    for n in range(1, 21):
+        for bias in (True, False):
+            x, w, b = case(out_f, in_f, n, seed=n, bias=bias)
+            y = kernels.linear_bf16(x, w, b)
+            assert y.shape == (n, out_f) and y.dtype == torch.float32
+            ref = reference(x, w, b)
+            # fp32 accumulation of in_f products of magnitude ~|x||w|
+            tol = 1e-5 * (1 + (x.double().abs() @ w.double().abs().t()).max().item())
+            assert (y.double() - ref).abs().max().item() <= tol, (out_f, in_f, n, bias)
+
+
+@needs_kernel
+@pytest.mark.parametrize("out_f,in_f", SHAPES)
+def test_order_invariant_bit_exact(out_f, in_f):
+    """y[i] over n rows == the single-row call on row i, whatever n, row order and thread count."""
+    x, w, b = case(out_f, in_f, 20)
+    singles = torch.cat([kernels.linear_bf16(x[i:i + 1], w, b, threads=1) for i in range(20)])
+    for n in range(1, 21):
+        for threads in (1, 2, 3):
+            assert torch.equal(kernels.linear_bf16(x[:n], w, b, threads=threads), singles[:n]), (n, threads)
+    perm = torch.randperm(20, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(kernels.linear_bf16(x[perm], w, b), singles[perm])
+    # a large n goes through the kernel 16 rows at a time: still bit-identical
+    xs = x.repeat(3, 1)
+    assert torch.equal(kernels.linear_bf16(xs, w, b), singles.repeat(3, 1))
+
+
+@needs_kernel
+def test_leading_dims_and_noncontiguous_input():
+    x, w, b = case(40, 24, 6)
+    x3 = x.reshape(2, 3, 24)
+    y = kernels.linear_bf16(x3, w, b)
+    assert y.shape == (2, 3, 40) and torch.equal(y.reshape(6, 40), kernels.linear_bf16(x, w, b))
+    xt = torch.randn(24, 5).t()  # not contiguous
+    assert torch.equal(kernels.linear_bf16(xt, w), kernels.linear_bf16(xt.contiguous(), w))
+    assert kernels.linear_bf16(torch.zeros(0, 24), w).shape == (0, 40)
+    with pytest.raises(ValueError):
+        kernels.linear_bf16(torch.zeros(2, 23), w)
+
+
+def test_disabled_falls_back_to_torch(monkeypatch, tiny_folder):
+    monkeypatch.setenv("SPECDEC_KERNEL", "0")
+    assert not kernels.available() and "SPECDEC_KERNEL" in kernels.reason()
+    x, w, b = case(77, 45, 5)
+    assert torch.allclose(kernels.linear_bf16(x, w, b), reference(x, w, b).float(), atol=1e-4)
+    assert resolve_dtype("auto") == (torch.bfloat16 if cpu_has_bf16_matmul() else torch.float32)
+    model = load_transformer(tiny_folder, torch.bfloat16)  # today's bf16: every tensor in bf16
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters()) and not model.row_exact
+    fp32 = load_transformer(tiny_folder, torch.float32)
+    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))
+    a = fp32(ids, fp32.new_cache(32)).logits
+    out = model(ids, model.new_cache(32)).logits
+    assert out.dtype == torch.float32 and (a - out).abs().max() < 0.1 * a.abs().max()
+
+
+def test_failed_build_falls_back_with_one_warning(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setattr(kernels, "_state", None)
+    monkeypatch.setattr(kernels, "_lib", None)
+    monkeypatch.setattr(kernels, "_reason", "")
+    with caplog.at_level(logging.WARNING, logger="specdec.runtime.kernels"):
+        assert not kernels.available()
+        assert not kernels.available()
+        x, w, b = case(13, 8, 3)
+        assert torch.allclose(kernels.linear_bf16(x, w, b), reference(x, w, b).float(), atol=1e-4)
+    if kernels.cpu_supported():
+        assert "no-such-compiler" in kernels.reason()
+    assert len([r for r in caplog.records if "unavailable" in r.getMessage()]) == 1
+
+
+@needs_kernel
+def test_build_is_cached_and_atomic(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    monkeypatch.setattr(kernels, "_state", None)
+    monkeypatch.setattr(kernels, "_lib", None)
+    assert kernels.available()
+    path = kernels.library_path()
+    assert path.parent == tmp_path / "kernels" and path.exists()
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary files left behind
+    x, w, b = case(33, 20, 4)
+    assert torch.allclose(kernels.linear_bf16(x, w, b), reference(x, w, b).float(), atol=1e-4)
+
+
+# --- a tiny model in bf16 on the kernel ------------------------------------------------------------
+
+@needs_kernel
+def test_model_layout_and_whole_forward_bit_exact(tiny_folder):
+    model = load_transformer(tiny_folder, torch.bfloat16)
+    assert model.row_exact and model.dtype == torch.bfloat16 and model.compute_dtype == torch.float32
+    for name, p in model.named_parameters():
+        want = torch.bfloat16 if name.endswith(("qkv.weight", "o.weight", "gate_up.weight", "down.weight",
+                                                "lm_head.weight", "embed.weight")) else torch.float32
+        assert p.dtype == want, name
+    ids = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(5))
+    cache = model.new_cache(64)
+    assert cache.k[0].dtype == torch.float32
+    model(ids[:, :8], cache)  # prefill
+    chain = model(ids[:, 8:], cache).logits  # a 16-position chain after a context
+    cache = model.new_cache(64)
+    model(ids[:, :8], cache)
+    singles = torch.cat([model(ids[:, i:i + 1], cache).logits for i in range(8, 24)], 1)
+    assert torch.equal(chain, singles)
+
+
+@pytest.fixture(scope="module")
+def bf16_env(tmp_path_factory):
+    if not kernels.available():
+        pytest.skip(f"kernel unavailable: {kernels.reason()}")
+    target_dir = save_tiny("llama", tmp_path_factory.mktemp("target"), seed=0)
+    draft_dir = save_tiny("llama", tmp_path_factory.mktemp("draft"), seed=1)
+    return dict(target=load_transformer(target_dir, torch.bfloat16), tok=Tokenizer(target_dir),
+                draft=load_transformer(draft_dir, torch.bfloat16))
+
+
+PROMPTS = ["def add(a, b): return a + b. def add(a, b): return", "the cat sat on the mat. the cat", "xyz"]
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_bf16_greedy_speculation_equals_plain(bf16_env, k):
+    env = bf16_env
+
+    def run(ids, drafter=None, policy=None):
+        return list(decode(env["target"], env["tok"], ids, Request(max_new_tokens=40), drafter, policy))[-1].result
+
+    for text in PROMPTS:
+        ids = env["tok"].encode(text, chat=False)
+        plain = run(ids)
+        for drafter in (PromptLookup(), DraftModel(env["draft"], VOCAB, VOCAB)):
+            spec = run(ids, drafter, FixedK(k))
+            assert spec.token_ids == plain.token_ids and spec.text == plain.text
+            assert spec.target_forwards <= plain.target_forwards
