@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    from specdec.commands.generate import add_lookahead_args, parse_k
+    from specdec.commands.generate import DTYPE_HELP, add_lookahead_args, parse_k
 
     p = sub.add_parser(
         "bench", help="benchmark decoding methods on prompt sets (Spec-Bench, HumanEvalFix)",
@@ -60,8 +60,7 @@ def register(sub) -> None:
                    help="nucleus mass in (0, 1] (default 1 = off)")
     p.add_argument("--seed", type=int, default=0, help="random seed for sampling, ours and HF's (default 0)")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
-                   help="compute dtype for ours and HF's; auto = bf16 where the CPU has bf16 matmuls, "
-                        "else fp32 (default auto)")
+                   help=DTYPE_HELP + "; HF runs the same weights in the same dtype")
     p.add_argument("--k", type=parse_k, default="auto", metavar="auto|N",
                    help="draft length: auto (adaptive, the default) or a fixed N")
     add_lookahead_args(p)

@@ -7,12 +7,15 @@ import json
 import sys
 
 
+DTYPE_HELP = ("weights: bf16 (native bf16 matmuls with AMX/AVX512-BF16, else bf16 weights through specdec's "
+              "AVX2 kernel with fp32 activations) or fp32; auto (default) = bf16 when either works, else fp32")
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m",
                    help="known model name (see `specdec models`), a Hugging Face folder or a .gguf file "
                         "(default: smollm2-135m)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
-                   help="compute dtype; auto = bf16 where the CPU has bf16 matmuls (AMX/AVX512-BF16), else fp32")
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"], help=DTYPE_HELP)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

@@ -42,7 +42,7 @@ from specdec.drafters.prompt_lookup import lookup
 
 # (W, N, G) in order of preference: the first whose positions fit the budget wins
 PRESETS = ((15, 5, 15), (10, 5, 10), (7, 5, 7), (5, 4, 5), (4, 4, 4), (3, 4, 3), (3, 3, 3), (2, 3, 2),
-           (2, 3, 1), (1, 3, 1))
+           (2, 3, 1), (1, 3, 1), (0, 4, 1))
 
 
 def positions(window: int, ngram: int, guesses: int) -> int:
@@ -51,12 +51,13 @@ def positions(window: int, ngram: int, guesses: int) -> int:
 
 
 def auto_config(budget: int) -> tuple[int, int, int]:
-    """(W, N, G) for a measured budget: the most ambitious preset whose positions fit it; under 5
-    positions, no window at all (W = 0): only the pool's candidates are verified."""
+    """(W, N, G) for a measured budget: the most ambitious preset whose positions fit it. Under 5
+    positions there is no room for a window (W = 0): the pool's best 3-token candidate is verified
+    alone, 4 positions (a 2-core AVX2 CPU's budget is 2-4: its forward over 4 costs ~1.4 steps)."""
     for w, n, g in PRESETS:
-        if positions(w, n, g) <= budget:
+        if positions(w, n, g) <= max(budget, 4):
             return w, n, g
-    return 0, 3, 1
+    raise AssertionError("the last preset fits any budget")
 
 
 class NgramPool:
