@@ -121,9 +121,11 @@ class LLM:
         if k != "auto" and (not isinstance(k, int) or k < 0):
             raise ValueError(f"k must be a non-negative integer or 'auto', got {k!r}")
 
-        def auto(d):  # lookahead always runs: its depth is the n-gram's, N-1 tokens per candidate
+        def auto(d):
             if getattr(d, "name", "") == "lookahead":
-                return FixedK(d.ngram - 1)
+                if d.window or d.guesses > 1:  # a window or a tree: the configuration fits the budget already
+                    return FixedK(d.ngram - 1)
+                return AdaptiveK(k_max=d.ngram - 1, cost=self.cost_curve())  # one chain from the pool: like lookup
             return AdaptiveK(cost=self.cost_curve(), tau=getattr(d, "tau_prior", 0.0))
 
         if k != "auto":

@@ -203,7 +203,7 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
             if n:
                 policy.observe(n, result.num_accepted)
                 for measured in (policy, drafter):  # tau from this round's times (Hybrid: its proposer's policy)
-                    if hasattr(measured, "timing"):
+                    if hasattr(measured, "timing") and not getattr(drafter, "stale", False):
                         measured.timing(n, tv - td, t1 - tv)
         rounds.append(dict(drafted=n, accepted=result.num_accepted, kind=result.kind if n else "plain",
                            committed=len(committed), draft_s=tv - td, target_s=t1 - tv, t=t1 - t0))

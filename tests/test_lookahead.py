@@ -161,7 +161,7 @@ def test_trie_merges_shared_prefixes():
 def test_auto_config_fits_the_budget():
     for budget in (1, 4, 8, 16, 32, 64, 160):
         w, n, g = auto_config(budget)
-        assert positions(w, n, g) <= max(budget, 4)
+        assert positions(w, n, g) <= budget or (w, n, g) == (0, 4, 1)
     assert auto_config(160) == (15, 5, 15)  # the paper's GPU setting once the budget allows it
     assert auto_config(2) == (0, 4, 1)  # no room for a window: the pool's candidates only
 

@@ -196,3 +196,31 @@ def test_adaptive_k_measures_tau_after_the_drafters_prefill():
     assert policy.tau == pytest.approx(0.1 * policy.cost(5))
     policy = AdaptiveK(prior_alpha=0.9, tau=0.3)
     assert policy.choose() >= 2  # alpha 0.9 at tau 0.3 pays for a few drafted tokens
+
+
+def test_draft_catch_up_after_plain_steps_does_not_set_tau(env):
+    """After plain steps the draft model first feeds the tokens it missed; that round's time is not its
+    per-token cost, so adaptive k must not learn tau from it (else tau inflates and k stays 0)."""
+    from specdec.drafters.base import Context
+    from specdec.sampling import make_generator
+
+    d = DraftModel(env["draft"], VOCAB, VOCAB)
+    ids = env["tok"].encode(PROMPTS[0], chat=False)
+    ctx = Context(list(ids), len(ids), SamplingParams(), make_generator(0))
+    d.propose(ctx, 2)
+    assert d.stale  # the prompt itself
+    ctx.tokens += [5, 6]
+    d.propose(ctx, 2)
+    assert not d.stale  # the usual round: the last draft token and the bonus
+    ctx.tokens += [5, 6, 7, 8, 9]
+    d.propose(ctx, 2)
+    assert d.stale
+
+    class Recording(AdaptiveK):
+        def timing(self, drafted, draft_seconds, target_seconds, smoothing=0.3):
+            self.timed = getattr(self, "timed", 0) + 1
+
+    policy = Recording()
+    r = run(env, ids, DraftModel(env["draft"], VOCAB, VOCAB), policy, max_new_tokens=30)
+    stale_rounds = 1  # at least the prompt's
+    assert 0 < policy.timed <= sum(1 for x in r.rounds if x["drafted"]) - stale_rounds

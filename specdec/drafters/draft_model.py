@@ -41,6 +41,7 @@ class DraftModel(Drafter):
         self.shared = min(shared_vocab, target_vocab, model.cfg.vocab_size)
         self.cache = None
         self.fed: list[int] = []  # tokens whose KV is in self.cache
+        self.stale = False
 
     def reset(self) -> None:
         self.cache = None
@@ -52,6 +53,7 @@ class DraftModel(Drafter):
             self.cache = self.model.new_cache(len(tokens) + 512)
             self.fed = []
         new = tokens[sync_prefix(self.cache, self.fed, tokens):]
+        self.stale = len(new) > 2  # catching up after plain steps: this round's time is not the draft's tau
         logits = self.model(torch.tensor([new]), self.cache, last_only=True).logits[0, -1]
         self.fed.extend(new)
         return logits

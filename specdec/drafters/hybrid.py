@@ -110,6 +110,11 @@ class Hybrid(Drafter):
             if timing:
                 timing(drafted, draft_seconds, target_seconds)
 
+    @property
+    def stale(self) -> bool:
+        """The proposer caught up on many committed tokens this round: its time says nothing about tau."""
+        return self._last is not None and getattr(self.sources[self._last], "stale", False)
+
     def verify_forward(self, model, cache, inputs):
         """The proposer's verification hook (EarlyExit's KV reuse), when it has one; None = plain forward."""
         hook = getattr(self.sources[self._last], "verify_forward", None) if self._last is not None else None

@@ -42,7 +42,7 @@ from specdec.drafters.prompt_lookup import lookup
 
 # (W, N, G) in order of preference: the first whose positions fit the budget wins
 PRESETS = ((15, 5, 15), (10, 5, 10), (7, 5, 7), (5, 4, 5), (4, 4, 4), (3, 4, 3), (3, 3, 3), (2, 3, 2),
-           (2, 3, 1), (1, 3, 1), (0, 4, 1))
+           (2, 3, 1), (1, 3, 1))
 
 
 def positions(window: int, ngram: int, guesses: int) -> int:
@@ -52,12 +52,13 @@ def positions(window: int, ngram: int, guesses: int) -> int:
 
 def auto_config(budget: int) -> tuple[int, int, int]:
     """(W, N, G) for a measured budget: the most ambitious preset whose positions fit it. Under 5
-    positions there is no room for a window (W = 0): the pool's best 3-token candidate is verified
-    alone, 4 positions (a 2-core AVX2 CPU's budget is 2-4: its forward over 4 costs ~1.4 steps)."""
+    positions there is no room for a window: (0, 4, 1), the pool's most recent 3-token candidate
+    alone, whose depth adaptive k then sets round by round from the cost curve (a 2-core AVX2 CPU
+    has a budget of 2: its forward over 4 positions costs ~1.4 steps)."""
     for w, n, g in PRESETS:
-        if positions(w, n, g) <= max(budget, 4):
+        if positions(w, n, g) <= budget:
             return w, n, g
-    raise AssertionError("the last preset fits any budget")
+    return 0, 4, 1
 
 
 class NgramPool:
