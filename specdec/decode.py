@@ -7,6 +7,8 @@
     drafter.observe(...); policy.observe(...)       # feedback: pools, adaptive k, acceptance stats
 
 Plain decoding is the same loop with no drafter (k = 0): one token per target forward.
+A draft may carry aux positions (lookahead's Jacobi window, `Draft.aux`): they ride in the same
+forward under `forward_layout`'s mask, their logits go back to the drafter, their KV is dropped.
 Every committed token passes through `Stopper`, one at a time, so EOS, stop strings and the
 token limit inside an accepted block end generation at exactly the token plain decoding would.
 
