@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(BIN)/specdec pull smollm2-135m
 	$(BIN)/specdec generate "Write a haiku about speculative decoding." --model smollm2-135m --max-new-tokens 48
 	$(BIN)/specdec bench --model smollm2-135m --methods plain,prompt-lookup --prompts humanevalfix \
-		--limit 3 --max-new-tokens 96 --dtype fp32 --out out/demo
+		--limit 3 --max-new-tokens 96 --out out/demo
 
 test: $(STAMP) chromium
 	$(BIN)/python -m pytest -q
