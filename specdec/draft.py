@@ -128,7 +128,9 @@ class Draft:
     @property
     def depth(self) -> int:
         """Tokens on the longest root-to-leaf path (= len for a chain): what k bounds."""
-        return int(depths(self.parents).max()) + 1 if len(self) else 0
+        if self.is_chain:  # the common case, checked every round: no depth walk
+            return len(self)
+        return int(depths(self.parents).max()) + 1
 
     @property
     def is_chain(self) -> bool:

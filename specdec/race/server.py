@@ -231,18 +231,19 @@ def create_app(model: str | None = "smollm2-135m", *, dtype: str | None = None, 
         race = _runner().start(LiveRequest(**body.model_dump()))
         return race.to_dict()
 
-    @app.get("/api/live/{race_id}")
-    def live_status(race_id: int):
+    def _race(race_id: int):
         race = _runner().get(race_id)
         if race is None:
             raise HTTPException(404, f"no live race {race_id}")
-        return race.to_dict()
+        return race
+
+    @app.get("/api/live/{race_id}")
+    def live_status(race_id: int):
+        return _race(race_id).to_dict()
 
     @app.post("/api/live/{race_id}/cancel")
     def live_cancel(race_id: int):
-        race = _runner().get(race_id)
-        if race is None:
-            raise HTTPException(404, f"no live race {race_id}")
+        race = _race(race_id)
         race.cancel.set()
         return race.to_dict(traces=False)
 
