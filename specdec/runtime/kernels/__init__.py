@@ -1,9 +1,9 @@
 """A skinny GEMM with bf16 weights for CPUs without native bf16: `y = x @ W^T`, W in bf16, x and y in fp32.
 
 What it does. `linear_bf16(x, W, bias)` computes y[n, out] = x[n, in] · W[out, in]ᵀ (+ bias) for fp32
-activations and a bf16 weight matrix. The C kernel (`skinny.c`) widens eight bf16 weights at a time to
-fp32 in registers (a bf16 is the top half of an fp32: zero-extend, shift left 16) and accumulates with
-fp32 AVX2 FMAs. The output dimension is split into one contiguous slice per thread (the thread count is
+activations and a bf16 weight matrix. The C kernel (`skinny.c`) widens sixteen bf16 weights at a time to
+fp32 in registers (a bf16 is the top half of an fp32: the even ones shifted left 16, the odd ones masked,
+x reordered to match once per call) and accumulates with fp32 AVX2 FMAs. The output dimension is split into one contiguous slice per thread (the thread count is
 `torch.get_num_threads()`, run on torch's own OpenMP pool), and each thread streams its slice of W once
 for up to 16 positions; larger n (prefill) goes 16 positions per pass over W.
 

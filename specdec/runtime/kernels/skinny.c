@@ -1,15 +1,27 @@
 /* Skinny GEMM with bf16 weights: y[n, out] = x[n, in] . W[out, in]^T (+ bias), fp32 in and out.
  *
- * W is stored in bf16 (2 bytes per weight, half of fp32); eight weights at a time are widened to
- * fp32 in registers (zero-extend to 32 bits, shift left 16) and multiplied into fp32 AVX2 FMAs.
- * Built for small n (a decode step, a speculative verify over a few positions): the output
- * dimension is cut into blocks of BLOCK * GROUP outputs shared out among the threads, and each block
- * of W is streamed from memory once for up to CHUNK rows of x (larger n: CHUNK rows at a time).
+ * W is stored in bf16 (2 bytes per weight, half of fp32). Sixteen weights at a time are loaded in one
+ * 256-bit load and widened to fp32 in registers without a shuffle: a bf16 is the top half of an fp32,
+ * so the even-indexed weights (the low half of each 32-bit word) are `word << 16` and the odd-indexed
+ * ones are `word & 0xffff0000`. x is copied once per call into the matching order (per block of 16
+ * inputs: the 8 even ones, then the 8 odd ones), so the FMAs line up.
+ *
+ * Built for small n (a decode step, a speculative verify over a few positions). The output dimension
+ * is cut into groups of GROUP outputs, BLOCK groups per unit of work handed out to the threads; each
+ * group of W is streamed from memory once for up to CHUNK rows of x (larger n: CHUNK rows at a time).
+ * Within a group a register tile covers O outputs x R rows (R <= 4 rows per pass; O = 8, 4, 3, 2 for
+ * R = 1, 2, 3, 4: 8 or 9 independent accumulators, enough to hide the FMA latency), and on the first
+ * row pass over a group each tile prefetches the weights of the tile after it, so DRAM reads overlap
+ * the arithmetic instead of alternating with it.
  *
  * Order-invariant sums: every y[i, o] is computed by the same sequence of floating-point
- * operations whatever n is, whichever row i it sits in and whichever tile shape covers it:
- *   acc (8 lanes) = 0; for each full block of 8 inputs, in order: acc = fma(w, x, acc);
- *   s = hsum(acc) in a fixed tree; for each leftover input, in order: s = fma(w, x, s);
+ * operations whatever n is, whichever row i it sits in, whichever tile covers it and whichever
+ * thread runs it:
+ *   acc (8 lanes) = 0;
+ *   for each full block of 16 inputs k .. k+15, in order:
+ *     acc = fma(w_even, x_even, acc); acc = fma(w_odd, x_odd, acc);
+ *     (lane j of w_even / x_even holds input k + 2j, of w_odd / x_odd input k + 2j + 1)
+ *   s = hsum(acc) in a fixed tree; for each leftover input (in % 16 of them), in order: s = fma(w, x, s);
  *   y = s + bias (when there is a bias).
  * So a forward over n positions gives bit-identical results to n single-position forwards.
  * Compile with -ffp-contract=off (no contraction beyond the explicit FMAs), never -ffast-math.
@@ -17,20 +29,16 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-#define GROUP 8   /* outputs per group: the unit of work split across threads */
+#define GROUP 24  /* outputs per group: a multiple of every tile width below */
 #define CHUNK 16  /* rows of x per pass over W */
-#define BLOCK 8   /* groups per unit of work handed to a thread */
+#define BLOCK 4   /* groups per unit of work handed to a thread */
 #define MIN_WORK (1 << 17) /* weights per thread, at least */
-
-static inline __m256 load_bf16x8(const uint16_t *p) {
-    __m128i h = _mm_loadu_si128((const __m128i *)p);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
 
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -47,62 +55,79 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* O outputs x R rows. W points at the first of the O weight rows, x at the first of the R input
- * rows, y at y[row0, out0]; ldy = out. O and R are compile-time constants at every call site. */
+/* O outputs x R rows. W points at the first of the O weight rows, x at the first of the R input rows
+ * (already in the even/odd order), y at y[row0, out0]; ldy = out. With pf, prefetch the next O weight
+ * rows (the next tile) while streaming these. O, R and pf are compile-time constants at every call. */
 static inline __attribute__((always_inline)) void tile(const uint16_t *restrict W, const float *restrict x,
                                                        float *restrict y, const float *restrict bias,
-                                                       int64_t in, int64_t ldy, const int O, const int R) {
-    __m256 acc[8][8];
+                                                       int64_t in, int64_t ldy, const int O, const int R,
+                                                       const int pf) {
+    __m256 acc[8][4];
+    const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
     for (int a = 0; a < O; a++)
         for (int r = 0; r < R; r++) acc[a][r] = _mm256_setzero_ps();
-    const int64_t k8 = in & ~(int64_t)7;
-    for (int64_t k = 0; k < k8; k += 8) {
-        __m256 w[8];
-        for (int a = 0; a < O; a++) w[a] = load_bf16x8(W + a * in + k);
-        for (int r = 0; r < R; r++) {
-            __m256 xv = _mm256_loadu_ps(x + r * in + k);
-            for (int a = 0; a < O; a++) acc[a][r] = _mm256_fmadd_ps(w[a], xv, acc[a][r]);
+    const int64_t k16 = in & ~(int64_t)15;
+    for (int64_t k = 0; k < k16; k += 16) {
+        __m256i w[8];
+        for (int a = 0; a < O; a++) {
+            if (pf) _mm_prefetch((const char *)(W + (O + a) * in + k), _MM_HINT_T0);
+            w[a] = _mm256_loadu_si256((const __m256i *)(W + a * in + k));
+        }
+        for (int a = 0; a < O; a++) {
+            __m256 e = _mm256_castsi256_ps(_mm256_slli_epi32(w[a], 16));
+            for (int r = 0; r < R; r++)
+                acc[a][r] = _mm256_fmadd_ps(e, _mm256_loadu_ps(x + r * in + k), acc[a][r]);
+        }
+        for (int a = 0; a < O; a++) {
+            __m256 od = _mm256_castsi256_ps(_mm256_and_si256(w[a], hi));
+            for (int r = 0; r < R; r++)
+                acc[a][r] = _mm256_fmadd_ps(od, _mm256_loadu_ps(x + r * in + k + 8), acc[a][r]);
         }
     }
     for (int a = 0; a < O; a++)
         for (int r = 0; r < R; r++) {
             float s = hsum(acc[a][r]);
-            for (int64_t k = k8; k < in; k++) s = fmaf(bf16_to_f32(W[a * in + k]), x[r * in + k], s);
+            for (int64_t k = k16; k < in; k++) s = fmaf(bf16_to_f32(W[a * in + k]), x[r * in + k], s);
             if (bias) s = s + bias[a];
             y[r * ldy + a] = s;
         }
 }
 
-#define TILE_FN(O, R)                                                                                  \
-    static void tile_##O##_##R(const uint16_t *W, const float *x, float *y, const float *bias, int64_t in, \
-                               int64_t ldy) {                                                          \
-        tile(W, x, y, bias, in, ldy, O, R);                                                            \
+#define TILE_FN(NAME, O, R, PF)                                                                       \
+    static void NAME(const uint16_t *W, const float *x, float *y, const float *bias, int64_t in,      \
+                     int64_t ldy) {                                                                   \
+        tile(W, x, y, bias, in, ldy, O, R, PF);                                                       \
     }
-TILE_FN(4, 1)
-TILE_FN(4, 2)
-TILE_FN(2, 3)
-TILE_FN(2, 4)
-TILE_FN(1, 1)
-TILE_FN(1, 2)
-TILE_FN(1, 3)
-TILE_FN(1, 4)
+TILE_FN(tile_8x1_pf, 8, 1, 1)
+TILE_FN(tile_4x2_pf, 4, 2, 1)
+TILE_FN(tile_3x3_pf, 3, 3, 1)
+TILE_FN(tile_2x4_pf, 2, 4, 1)
+TILE_FN(tile_8x1, 8, 1, 0)
+TILE_FN(tile_4x2, 4, 2, 0)
+TILE_FN(tile_3x3, 3, 3, 0)
+TILE_FN(tile_2x4, 2, 4, 0)
+TILE_FN(tile_1x1, 1, 1, 0)
+TILE_FN(tile_1x2, 1, 2, 0)
+TILE_FN(tile_1x3, 1, 3, 0)
+TILE_FN(tile_1x4, 1, 4, 0)
 
 typedef void (*tile_fn)(const uint16_t *, const float *, float *, const float *, int64_t, int64_t);
 
-/* Outputs [o0, o0 + g) (g <= GROUP) for rows [i0, i0 + m) (m <= CHUNK). */
+/* Outputs [o0, o0 + g) (g <= GROUP) for rows [i0, i0 + m) (m <= CHUNK), R <= 4 rows per pass. */
 static void group(const uint16_t *W, const float *x, float *y, const float *bias, int64_t in, int64_t out,
                   int64_t o0, int64_t g, int64_t i0, int64_t m) {
-    static const tile_fn full[5] = {0, tile_4_1, tile_4_2, tile_2_3, tile_2_4};
-    static const int width[5] = {0, 4, 4, 2, 2};
-    static const tile_fn single[5] = {0, tile_1_1, tile_1_2, tile_1_3, tile_1_4};
+    static const tile_fn first[5] = {0, tile_8x1_pf, tile_4x2_pf, tile_3x3_pf, tile_2x4_pf};
+    static const tile_fn again[5] = {0, tile_8x1, tile_4x2, tile_3x3, tile_2x4};
+    static const int width[5] = {0, 8, 4, 3, 2};
+    static const tile_fn single[5] = {0, tile_1x1, tile_1x2, tile_1x3, tile_1x4};
     for (int64_t i = i0; i < i0 + m; i += 4) {
         int R = (int)((i0 + m - i) < 4 ? (i0 + m - i) : 4);
+        const tile_fn *full = i == i0 ? first : again; /* later passes find W in cache */
         const float *xr = x + i * in;
         float *yr = y + i * out;
         int64_t o = o0;
-        if (g == GROUP)
-            for (; o + width[R] <= o0 + g; o += width[R])
-                full[R](W + o * in, xr, yr + o, bias ? bias + o : 0, in, out);
+        for (; o + width[R] <= o0 + g; o += width[R])
+            full[R](W + o * in, xr, yr + o, bias ? bias + o : 0, in, out);
         for (; o < o0 + g; o++) single[R](W + o * in, xr, yr + o, bias ? bias + o : 0, in, out);
     }
 }
@@ -120,12 +145,40 @@ static void run_block(const uint16_t *W, const float *x, float *y, const float *
     }
 }
 
+/* x [n, in] into the kernel's order: per full block of 16 inputs the 8 even ones then the 8 odd
+ * ones; the leftover in % 16 inputs as they are. */
+static void permute_x(const float *x, float *xp, int64_t n, int64_t in) {
+    const int64_t k16 = in & ~(int64_t)15;
+    for (int64_t i = 0; i < n; i++) {
+        const float *s = x + i * in;
+        float *d = xp + i * in;
+        for (int64_t k = 0; k < k16; k += 16) {
+            __m256 a = _mm256_loadu_ps(s + k), b = _mm256_loadu_ps(s + k + 8);
+            /* shuffle_ps gives [a0 a2 b0 b2 | a4 a6 b4 b6]; swapping the middle 64-bit pairs orders it */
+            __m256d ev = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88));
+            __m256d od = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD));
+            _mm256_storeu_ps(d + k, _mm256_castpd_ps(_mm256_permute4x64_pd(ev, 0xD8)));
+            _mm256_storeu_ps(d + k + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(od, 0xD8)));
+        }
+        for (int64_t k = k16; k < in; k++) d[k] = s[k];
+    }
+}
+
 /* x [n, in] fp32, W [out, in] bf16 (raw uint16), bias [out] fp32 or NULL, y [n, out] fp32; all
  * contiguous. The output dimension is cut into blocks of BLOCK groups of GROUP outputs, handed out
  * to `threads` threads dynamically: on a loaded machine a descheduled thread then holds up one
  * block, not half of the matrix. Which thread computes an output never changes its value. */
 void skinny_bf16(const float *x, const uint16_t *W, const float *bias, float *y, int64_t n, int64_t in,
                  int64_t out, int threads) {
+    float *xp = malloc((size_t)(n * in) * sizeof(float) + 64);
+    if (!xp) { /* out of memory for the reordered x: fewer rows at a time (the same values) */
+        if (n == 1) abort();
+        int64_t step = n > CHUNK ? CHUNK : 1;
+        for (int64_t i0 = 0; i0 < n; i0 += step)
+            skinny_bf16(x + i0 * in, W, bias, y + i0 * out, n - i0 < step ? n - i0 : step, in, out, threads);
+        return;
+    }
+    permute_x(x, xp, n, in);
     int64_t groups = (out + GROUP - 1) / GROUP;
     int64_t blocks = (groups + BLOCK - 1) / BLOCK;
     int64_t most = in * out / MIN_WORK; /* a tiny matrix is not worth waking a second thread */
@@ -133,14 +186,15 @@ void skinny_bf16(const float *x, const uint16_t *W, const float *bias, float *y,
     if (threads > blocks) threads = (int)blocks;
     if (threads < 1) threads = 1;
     if (threads <= 1) {
-        run_block(W, x, y, bias, n, in, out, 0, groups);
-        return;
-    }
+        run_block(W, xp, y, bias, n, in, out, 0, groups);
+    } else {
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-    for (int64_t b = 0; b < blocks; b++) {
-        int64_t g1 = (b + 1) * BLOCK < groups ? (b + 1) * BLOCK : groups;
-        run_block(W, x, y, bias, n, in, out, b * BLOCK, g1);
+        for (int64_t b = 0; b < blocks; b++) {
+            int64_t g1 = (b + 1) * BLOCK < groups ? (b + 1) * BLOCK : groups;
+            run_block(W, xp, y, bias, n, in, out, b * BLOCK, g1);
+        }
     }
+    free(xp);
 }
 
 /* For the loader's self-check: the ABI version of this file. */
