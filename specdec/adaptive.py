@@ -13,12 +13,17 @@ cost per token over the measured plain step; verify(n) is the forward-cost curve
 step) is chosen when speculation is predicted to lose, with an occasional k = 1 probe so a
 source that starts to match again is noticed.
 
+A drafter with a starting cost (a draft model that must first prefill the prompt, `Drafter.startup`)
+is started only when the tokens left times the predicted saving per token, 1 - 1/speedup, pay for
+it; until then, and until one plain step has been timed to price it, rounds are plain steps.
+
 Example: alpha = 0.7 at every position, tau = 0.1, flat verify cost: E(4) = 2.77,
 cost = 1.4, speedup 1.98 (the lesson's worked numbers); alpha = 0.05 gives k = 0.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -78,9 +83,13 @@ class AdaptiveK:
             out.append(e / (self.cost(k + 1) + k * self.tau))
         return out
 
-    def choose(self) -> int:
+    def choose(self, startup: float = 0.0, remaining: int | None = None) -> int:
+        """k for the next round. `startup`: a one-time cost in target steps that drafting now would pay
+        first; it is paid only when `remaining` tokens at the predicted speedup save more than it."""
         pred = self.predicted()
         k = max(range(len(pred)), key=lambda i: (pred[i], -i))
+        if startup > 0 and (remaining is None or remaining * (1 - 1 / pred[k]) <= startup):
+            return 0  # not worth starting (no exploring either: a probe would pay the same cost)
         if k == 0:
             self.plain_streak += 1
             if self.plain_streak >= self.explore_every:
@@ -120,8 +129,18 @@ class AdaptiveK:
 class FixedK:
     k: int
 
-    def choose(self) -> int:
-        return self.k
+    def choose(self, startup: float = 0.0, remaining: int | None = None) -> int:
+        return self.k  # a fixed k is the caller's choice, starting costs included
 
     def observe(self, drafted: int, accepted: int) -> None:
         pass
+
+
+def choose_k(policy, drafter, ctx) -> int:
+    """The policy's k for this round, with the drafter's starting cost priced in target steps
+    (`Drafter.startup` prefill tokens x `ctx.prefill_cost`; unpriced, i.e. infinite, before a plain step)."""
+    startup = drafter.startup(ctx) if hasattr(drafter, "startup") else 0.0
+    if startup <= 0:
+        return policy.choose()
+    startup = math.inf if ctx.prefill_cost is None else startup * ctx.prefill_cost
+    return policy.choose(startup=startup, remaining=ctx.remaining)

@@ -97,9 +97,8 @@ class LLM:
             folder = resolve(self.draft_name, pull=True)
             shared = check_same_tokenizer(self.tokenizer, Tokenizer(folder))
             model = load_transformer(folder, self.dtype)
-            self._draft = DraftModel(model, self.model.cfg.vocab_size, shared)
-            self._draft.tau_prior = sum(p.numel() for p in model.parameters()) / sum(
-                p.numel() for p in self.model.parameters())
+            weights = sum(p.numel() for p in model.parameters()) / sum(p.numel() for p in self.model.parameters())
+            self._draft = DraftModel(model, self.model.cfg.vocab_size, shared, tau_prior=weights)
         return self._draft
 
     def lookahead_config(self) -> tuple[int, int, int]:
@@ -126,7 +125,8 @@ class LLM:
                 if d.window or d.guesses > 1:  # a window or a tree: the configuration fits the budget already
                     return FixedK(d.ngram - 1)
                 return AdaptiveK(k_max=d.ngram - 1, cost=self.cost_curve())  # one chain from the pool: like lookup
-            return AdaptiveK(cost=self.cost_curve(), tau=getattr(d, "tau_prior", 0.0))
+            return AdaptiveK(cost=self.cost_curve(), tau=getattr(d, "tau_prior", 0.0),
+                             prior_alpha=getattr(d, "prior_alpha", AdaptiveK.prior_alpha))
 
         if k != "auto":
             return FixedK(k)

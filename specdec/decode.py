@@ -25,7 +25,7 @@ from typing import Iterator
 
 import torch
 
-from specdec.adaptive import FixedK
+from specdec.adaptive import FixedK, choose_k
 from specdec.draft import Draft, forward_layout
 from specdec.drafters.base import Context, Drafter, Outcome
 from specdec.errors import SpecdecError
@@ -160,8 +160,8 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
     forwards, draft_s, target_s, rounds = 0, 0.0, 0.0, []
     done = False
     while not done:
-        remaining = request.max_new_tokens - len(stopper.ids)
-        k = min(policy.choose(), remaining - 1) if drafter else 0
+        ctx.remaining = request.max_new_tokens - len(stopper.ids)
+        k = min(choose_k(policy, drafter, ctx), ctx.remaining - 1) if drafter else 0
         td = time.perf_counter()
         draft = drafter.propose(ctx, k) if k > 0 else Draft.empty()
         if draft.depth > max(k, 0):
@@ -207,6 +207,8 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
                 for measured in (policy, drafter):  # tau from this round's times (Hybrid: its proposer's policy)
                     if hasattr(measured, "timing") and not getattr(drafter, "stale", False):
                         measured.timing(n, tv - td, t1 - tv)
+        if not n and not m and len(prompt_ids) > 1:  # a plain step prices prefill work in steps (Drafter.startup)
+            ctx.prefill_cost = prefill / (len(prompt_ids) - 1) / (t1 - tv)
         rounds.append(dict(drafted=n, accepted=result.num_accepted, kind=result.kind if n else "plain",
                            committed=len(committed), draft_s=tv - td, target_s=t1 - tv, t=t1 - t0))
         accepted_here = min(result.num_accepted, len(committed))

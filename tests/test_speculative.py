@@ -40,8 +40,9 @@ PROMPTS = ["def add(a, b): return a + b. def add(a, b): return", "the cat sat on
 def drafters(env):
     return {
         "prompt-lookup": PromptLookup(),
-        "draft": DraftModel(env["draft"], VOCAB, VOCAB),
-        "twin": DraftModel(env["twin"], VOCAB, VOCAB),  # the target drafting for itself: everything accepted
+        # tiny models prefill at about a step per token: a cheap tau_prior so adaptive k starts them
+        "draft": DraftModel(env["draft"], VOCAB, VOCAB, tau_prior=0.01),
+        "twin": DraftModel(env["twin"], VOCAB, VOCAB, tau_prior=0.01),  # the target drafting for itself
     }
 
 
@@ -63,7 +64,8 @@ def test_adaptive_k_greedy_equals_plain(env):
     ids = env["tok"].encode(PROMPTS[1], chat=False)
     plain = run(env, ids, max_new_tokens=60)
     for d in drafters(env).values():
-        assert run(env, ids, d, AdaptiveK(), max_new_tokens=60).token_ids == plain.token_ids
+        r = run(env, ids, d, AdaptiveK(), max_new_tokens=60)
+        assert r.token_ids == plain.token_ids and r.drafted > 0
 
 
 class Wrong(Drafter):
@@ -221,6 +223,48 @@ def test_draft_catch_up_after_plain_steps_does_not_set_tau(env):
             self.timed = getattr(self, "timed", 0) + 1
 
     policy = Recording()
-    r = run(env, ids, DraftModel(env["draft"], VOCAB, VOCAB), policy, max_new_tokens=30)
+    ids = env["tok"].encode(PROMPTS[1], chat=False)
+    r = run(env, ids, DraftModel(env["twin"], VOCAB, VOCAB, tau_prior=0.01), policy, max_new_tokens=30)
     stale_rounds = 1  # at least the prompt's
     assert 0 < policy.timed <= sum(1 for x in r.rounds if x["drafted"]) - stale_rounds
+
+
+def test_adaptive_k_pays_a_starting_cost_only_when_the_saving_covers_it():
+    policy = AdaptiveK(prior_alpha=0.9)
+    best = max(policy.predicted())
+    saving = 100 * (1 - 1 / best)  # target steps saved over 100 tokens
+    assert policy.choose(startup=0.9 * saving, remaining=100) > 0
+    assert policy.choose(startup=1.1 * saving, remaining=100) == 0
+    assert all(policy.choose(startup=float("inf"), remaining=100) == 0 for _ in range(3 * policy.explore_every))
+    assert FixedK(3).choose(startup=float("inf"), remaining=100) == 3  # a fixed k is the user's choice
+
+
+def test_draft_model_startup_is_its_catch_up():
+    from specdec.drafters.base import Context
+    from specdec.sampling import make_generator
+
+    d = DraftModel.__new__(DraftModel)
+    d.fed, d.tau_prior = [], 0.25
+    ctx = Context([1, 2, 3, 4, 5], 5, SamplingParams(), make_generator(0))
+    assert d.startup(ctx) == 4 * 0.25  # everything but the last token, at a quarter of the target's cost
+    d.fed = [1, 2, 3, 4]
+    assert d.startup(ctx) == 0  # in step: only the usual last token to feed
+
+
+@pytest.mark.parametrize("tau_prior, drafts", [(1e6, False), (1e-6, True)])
+def test_a_draft_model_too_costly_to_start_is_never_started(env, tau_prior, drafts):
+    """A draft model whose prompt prefill costs more than speculation could save stays idle: every
+    round is a plain step and no draft forward runs (its cache stays empty); a cheap one drafts from
+    round 2, after one plain step has priced the prefill. Either way the output is plain decoding's."""
+    from specdec.drafters.hybrid import Hybrid
+
+    ids = env["tok"].encode(PROMPTS[1], chat=False)
+    plain = run(env, ids, max_new_tokens=30)
+    d = DraftModel(env["twin"], VOCAB, VOCAB, tau_prior=tau_prior)
+    r = run(env, ids, d, AdaptiveK(prior_alpha=0.9, tau=0.1), max_new_tokens=30)
+    assert r.token_ids == plain.token_ids
+    assert r.rounds[0]["drafted"] == 0  # the first round is always plain: it prices the prefill
+    assert (r.drafted > 0) == drafts and (d.fed != []) == drafts
+    h = Hybrid([DraftModel(env["twin"], VOCAB, VOCAB, tau_prior=tau_prior)], [AdaptiveK(prior_alpha=0.9, tau=0.1)])
+    r = run(env, ids, h, FixedK(4), max_new_tokens=30)
+    assert r.token_ids == plain.token_ids and (r.drafted > 0) == drafts

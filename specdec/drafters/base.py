@@ -23,6 +23,8 @@ class Context:
     prompt_len: int
     sampling: SamplingParams
     generator: torch.Generator    # the request's generator (drafters that sample draw from it)
+    remaining: int = 0            # tokens the request may still generate
+    prefill_cost: float | None = None  # one target prefill token, in target steps, measured (None: no step yet)
 
 
 @dataclass
@@ -33,16 +35,21 @@ class Outcome:
     aux_logits: torch.Tensor | None = None  # target logits at the draft's aux positions [m, V]
 
 
-def sync_prefix(cache, fed: list[int], tokens: list[int]) -> int:
-    """Keep a drafter's own KV cache in step with the committed tokens: rewind `cache` (and `fed`, the
-    tokens whose KV it holds) to the longest common prefix with `tokens`, leaving at least the last
-    token to feed. Returns that prefix length; the caller feeds `tokens[common:]`."""
+def common_prefix(fed: list[int], tokens: list[int]) -> int:
+    """Length of the longest common prefix of `fed` and `tokens`, leaving at least the last token to feed."""
     common = 0
     for a, b in zip(fed, tokens):
         if a != b:
             break
         common += 1
-    common = min(common, len(tokens) - 1)
+    return min(common, len(tokens) - 1)
+
+
+def sync_prefix(cache, fed: list[int], tokens: list[int]) -> int:
+    """Keep a drafter's own KV cache in step with the committed tokens: rewind `cache` (and `fed`, the
+    tokens whose KV it holds) to the longest common prefix with `tokens`, leaving at least the last
+    token to feed. Returns that prefix length; the caller feeds `tokens[common:]`."""
+    common = common_prefix(fed, tokens)
     cache.rewind(cache.length - common)
     del fed[common:]
     return common
@@ -56,6 +63,12 @@ class Drafter:
 
     def propose(self, ctx: Context, k: int) -> Draft:
         raise NotImplementedError
+
+    def startup(self, ctx: Context) -> float:
+        """One-time work this drafter's next proposal would do before drafting, in target prefill tokens
+        (a draft model's prefill of the prompt: prompt tokens x its cost per token relative to the target's).
+        Adaptive k starts such a drafter only when the predicted saving pays for it. Default 0."""
+        return 0.0
 
     def observe(self, outcome: Outcome) -> None:
         """Feedback after verification (default: nothing)."""

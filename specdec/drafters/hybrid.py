@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from specdec.adaptive import choose_k
 from specdec.draft import Draft
 from specdec.drafters.base import Context, Drafter, Outcome
 from specdec.theory import hybrid_tau
@@ -69,7 +70,7 @@ class Hybrid(Drafter):
             return Draft.empty()
         aux = None
         for i, source in enumerate(self.sources):
-            k_i = k if self.policies is None else min(k, self.policies[i].choose())
+            k_i = k if self.policies is None else min(k, choose_k(self.policies[i], source, ctx))
             if k_i <= 0:
                 continue
             draft = source.propose(ctx, k_i)
