@@ -1,18 +1,19 @@
 """A skinny GEMM with bf16 weights for CPUs without native bf16: `y = x @ W^T`, W in bf16, x and y in fp32.
 
 What it does. `linear_bf16(x, W, bias)` computes y[n, out] = x[n, in] · W[out, in]ᵀ (+ bias) for fp32
-activations and a bf16 weight matrix. The C kernel (`skinny.c`) widens sixteen bf16 weights at a time to
-fp32 in registers (a bf16 is the top half of an fp32: the even ones shifted left 16, the odd ones masked,
-x reordered to match once per call) and accumulates with fp32 AVX2 FMAs. The output dimension is split into one contiguous slice per thread (the thread count is
-`torch.get_num_threads()`, run on torch's own OpenMP pool), and each thread streams its slice of W once
-for up to 16 positions; larger n (prefill) goes 16 positions per pass over W.
+activations and a bf16 weight matrix. The C kernel (`skinny.c`) widens sixteen bf16 weights at a time
+to fp32 in registers (a bf16 is the top half of an fp32: the even ones shifted left 16, the odd ones
+masked, x reordered to match once per call) and accumulates with fp32 AVX2 FMAs in 3x3, 4x2 and 8x1
+register tiles. Blocks of 96 outputs are handed out to the threads (the thread count is
+`torch.get_num_threads()`, run on torch's own OpenMP pool), and each block of W is streamed once for up
+to 15 positions; larger n (prefill) goes 15 positions per pass over W.
 
 Why. Decoding is memory-bound (the lesson's Chapter 0): one step reads every weight once and does two
 flops per weight read per position, far below what the cores can compute. So a step costs bytes /
 bandwidth, bf16 weights halve it, and verifying k drafted positions in the same pass is nearly free as
 long as the weights are read once for all of them. torch's bf16 matmul on a CPU without AMX or
 AVX512-BF16 does neither: it is emulated, and its cost grows about linearly with the number of
-positions. This kernel keeps both: half the bytes, and a flat cost from 1 to 16 positions.
+positions. This kernel keeps both: half the bytes, and a cost that barely grows up to 3-4 positions.
 
 Worked example, Qwen2.5-Coder-1.5B (28 layers, d = 1536, 12 query / 2 KV heads of 128, MLP 8960,
 vocabulary 151936, tied LM head). Per layer the projections hold
