@@ -24,7 +24,7 @@ import torch
 
 from specdec.runtime.model import Transformer
 
-SIZES = (1, 2, 4, 8, 16, 32, 64)
+SIZES = (1, 2, 3, 4, 6, 8, 16, 32, 64)
 
 
 @dataclass
