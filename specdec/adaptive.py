@@ -88,11 +88,11 @@ class AdaptiveK:
         first; it is paid only when `remaining` tokens at the predicted speedup save more than it."""
         pred = self.predicted()
         k = max(range(len(pred)), key=lambda i: (pred[i], -i))
-        if startup > 0 and (remaining is None or remaining * (1 - 1 / pred[k]) <= startup):
-            return 0  # not worth starting (no exploring either: a probe would pay the same cost)
+        if k and startup > 0 and (remaining is None or remaining * (1 - 1 / pred[k]) <= startup):
+            return 0  # drafting would not repay its starting cost (no probing either: a probe pays it too)
         if k == 0:
             self.plain_streak += 1
-            if self.plain_streak >= self.explore_every:
+            if self.plain_streak >= self.explore_every and startup < math.inf:
                 self.plain_streak = 0
                 return 1
         else:

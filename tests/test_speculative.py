@@ -237,6 +237,11 @@ def test_adaptive_k_pays_a_starting_cost_only_when_the_saving_covers_it():
     assert policy.choose(startup=1.1 * saving, remaining=100) == 0
     assert all(policy.choose(startup=float("inf"), remaining=100) == 0 for _ in range(3 * policy.explore_every))
     assert FixedK(3).choose(startup=float("inf"), remaining=100) == 3  # a fixed k is the user's choice
+    policy = AdaptiveK(prior_alpha=0.9, tau=0.3)
+    for _ in range(20):  # a started draft that stopped paying: k = 0, yet it still probes now and then,
+        policy.observe(4, 0)  # paying only its catch-up over the plain steps since
+    assert policy.predicted().index(max(policy.predicted())) == 0
+    assert 1 in [policy.choose(startup=0.5, remaining=100) for _ in range(policy.explore_every)]
 
 
 def test_draft_model_startup_is_its_catch_up():
