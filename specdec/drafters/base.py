@@ -36,12 +36,11 @@ class Outcome:
 
 
 def common_prefix(fed: list[int], tokens: list[int]) -> int:
-    """Length of the longest common prefix of `fed` and `tokens`, leaving at least the last token to feed."""
-    common = 0
-    for a, b in zip(fed, tokens):
-        if a != b:
-            break
-        common += 1
+    """Length of the longest common prefix of `fed` and `tokens`, leaving at least the last token to feed.
+    Asked every round (`DraftModel.startup`, `sync_prefix`): the usual case, `fed` a prefix of `tokens`,
+    is one list comparison; only a rejection walks to the first difference."""
+    n = min(len(fed), len(tokens))
+    common = n if fed[:n] == tokens[:n] else next(i for i in range(n) if fed[i] != tokens[i])
     return min(common, len(tokens) - 1)
 
 

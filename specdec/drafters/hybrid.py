@@ -15,7 +15,8 @@ whatever happened in the rounds they sat out.
 Per-source k. A source's alpha and tau differ (lookup on code edits: alpha 0.9, tau 0; early exit:
 alpha 0.5, tau 0.4), so one adaptive estimate for the mix is wrong for both. `policies` (optional,
 one per source, any object with `choose()` and `observe(drafted, accepted)`, e.g.
-`specdec.adaptive.AdaptiveK`) caps each source's k: a source whose policy says 0 is skipped (the
+`specdec.adaptive.AdaptiveK`; for a source with a starting cost, such as a draft model, `choose`
+also takes `startup` and `remaining`, see `adaptive.choose_k`) caps each source's k: a source whose policy says 0 is skipped (the
 round falls through to the next one), and the outcome updates only the proposer's policy.
 `last_source` names the proposer of the latest round (None: nobody proposed) for callers that
 key their own statistics by source.
