@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from specdec.errors import SpecdecError
 from specdec.runtime import kernels
@@ -47,10 +47,25 @@ def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
         raise SpecdecError(f"{folder} has no *.safetensors weights")
     tensors = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as fh:
-            for name in fh.keys():
-                tensors[name] = fh.get_tensor(name)
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for name in fh.keys():
+                    tensors[name] = fh.get_tensor(name)
+        except (SafetensorError, OSError) as e:
+            raise SpecdecError(f"{f}: unreadable weights ({e}): the file is damaged or truncated; "
+                               "re-download the model") from None
     return tensors
+
+
+def _check_shapes(folder: Path, model: Transformer, state: dict[str, torch.Tensor]) -> None:
+    """Every weight must have the shape config.json implies; else one line naming the first that does not."""
+    expected = model.state_dict()
+    for name, tensor in state.items():
+        want = tuple(expected[name].shape)
+        if tuple(tensor.shape) != want:
+            raise SpecdecError(f"{folder / 'config.json'} disagrees with the weights: {name} has shape "
+                               f"{list(tensor.shape)}, the config implies {list(want)} (check hidden_size, "
+                               "intermediate_size, the head counts and vocab_size)")
 
 
 def uses_kernel(dtype: torch.dtype) -> bool:
@@ -72,7 +87,11 @@ def load_transformer(folder: str | Path, dtype: torch.dtype = torch.float32) -> 
             raise SpecdecError(f"{folder}: weight {name!r} is missing; the model folder is incomplete") from None
 
     def matrix(*names: str) -> torch.Tensor:
-        return torch.cat([take(x, dtype) for x in names]) if len(names) > 1 else take(names[0], dtype)
+        parts = [take(x, dtype) for x in names]
+        if len({p.shape[1:] for p in parts}) > 1:
+            raise SpecdecError(f"{folder}: weights {', '.join(names)} have mismatched shapes "
+                               f"{[list(p.shape) for p in parts]}; the model folder is damaged")
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     state = {"embed.weight": take("model.embed_tokens.weight", dtype), "norm.weight": take("model.norm.weight")}
     for i in range(cfg.num_layers):
@@ -85,11 +104,15 @@ def load_transformer(folder: str | Path, dtype: torch.dtype = torch.float32) -> 
         state[f"layers.{i}.o.weight"] = matrix(a + "o_proj.weight")
         state[f"layers.{i}.gate_up.weight"] = matrix(m + "gate_proj.weight", m + "up_proj.weight")
         state[f"layers.{i}.down.weight"] = matrix(m + "down_proj.weight")
-    tied = cfg.tie_word_embeddings or "lm_head.weight" not in hf
+    tied = cfg.tie_word_embeddings
+    if not tied and "lm_head.weight" not in hf:
+        raise SpecdecError(f"{folder}: config.json says tie_word_embeddings is false but there is no "
+                           "lm_head.weight: the output head is missing; the model folder is incomplete")
     state["lm_head.weight"] = state["embed.weight"] if tied else matrix("lm_head.weight")
 
     with torch.device("meta"):
         model = Transformer(cfg)
+    _check_shapes(folder, model, state)
     model.load_state_dict(state, assign=True, strict=True)
     if tied:
         model.lm_head.weight = model.embed.weight

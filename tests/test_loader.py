@@ -1,0 +1,83 @@
+"""A damaged or inconsistent model folder is refused with one line naming the file and what is wrong
+(`specdec generate` exits 2, no traceback), never loaded half-right."""
+
+import json
+import shutil
+
+import pytest
+
+from specdec.cli import main
+from specdec.errors import SpecdecError
+from specdec.runtime.loader import load_transformer
+from tests.tiny import save_tiny
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    return save_tiny("llama", tmp_path_factory.mktemp("pristine"))  # tie_word_embeddings false, own lm_head
+
+
+@pytest.fixture
+def folder(pristine, tmp_path):
+    return shutil.copytree(pristine, tmp_path / "model")
+
+
+def edit_config(folder, **changes):
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            cfg.pop(key)
+        else:
+            cfg[key] = value
+    path.write_text(json.dumps(cfg))
+
+
+def truncate_weights(folder):
+    path = folder / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def drop_lm_head(folder):
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    del tensors["lm_head.weight"]
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+DAMAGES = {
+    "truncated weights": (truncate_weights, "model.safetensors", "truncated"),
+    "intermediate_size": (lambda f: edit_config(f, intermediate_size=100), "config.json", "intermediate_size"),
+    "missing hidden_size": (lambda f: edit_config(f, hidden_size=None), "config.json", "'hidden_size' is missing"),
+    "string size": (lambda f: edit_config(f, num_hidden_layers="3"), "config.json", "positive integer"),
+    "malformed config": (lambda f: (f / "config.json").write_text('{"model_type": "llama",'), "config.json",
+                         "not a readable JSON"),
+    "missing head": (drop_lm_head, "lm_head.weight", "output head is missing"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_damaged_folder_is_one_clear_error(folder, damage):
+    spoil, names, what = DAMAGES[damage]
+    spoil(folder)
+    with pytest.raises(SpecdecError) as e:
+        load_transformer(folder)
+    message = str(e.value)
+    assert names in message and what in message and "\n" not in message
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "intermediate_size", "missing hidden_size"])
+def test_cli_exits_2_on_a_damaged_folder(folder, damage, capsys):
+    DAMAGES[damage][0](folder)
+    assert main(["generate", "hi", "--model", str(folder), "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and "\n" not in err and DAMAGES[damage][2] in err
+
+
+def test_tied_head_without_lm_head_loads(folder):
+    drop_lm_head(folder)
+    edit_config(folder, tie_word_embeddings=True)
+    model = load_transformer(folder)
+    assert model.lm_head.weight is model.embed.weight
