@@ -13,8 +13,8 @@ very KV and layer-(L-1) outputs the target's verification would compute for laye
 `verify_forward` copies those KV slots into the target's cache and runs only layers L..N-1 for
 them (`forward_from_layer`); the one position the draft never fed (the last drafted token)
 still goes through layers < L. The verification is then the same computation as a plain
-forward, up to the last bits of fp32 (chunking changes summation order, as in any
-speculation).
+forward: in fp32 up to the last bits (chunking changes summation order, as in any speculation);
+with bf16 weights on the kernel bit for bit, since it attends as `Transformer.forward` does.
 
 Example: SmolLM2-135M has 30 layers; `EarlyExit(model, 8)` drafts with layers 0..7 + norm +
 head. Its tied 49k x 576 LM head is a fifth of a step, so tau(8) measures 0.37, not 8/30; and a
@@ -29,14 +29,9 @@ import torch
 from specdec.draft import Draft
 from specdec.drafters.base import Context, Drafter, sync_prefix
 from specdec.runtime.kv_cache import KVCache
-from specdec.runtime.model import ForwardOutput, Transformer
+from specdec.runtime.model import ROW_EXACT_MAX, ForwardOutput, Transformer
 from specdec.sampling import probs_from_logits, sample
 from specdec.theory import early_exit_tau
-
-
-def _causal(n: int, start: int) -> torch.Tensor | None:
-    """The default mask of `Transformer.forward` for n new positions after `start` cached ones."""
-    return torch.ones(n, start + n, dtype=torch.bool).tril(diagonal=start) if n > 1 else None
 
 
 @torch.inference_mode()
@@ -58,15 +53,15 @@ def forward_from_layer(model: Transformer, cache: KVCache, hidden: torch.Tensor,
     cos, sin = model._rope(torch.arange(start, start + n).expand(B, n))
     if r:  # the positions the draft never fed: layers < start_layer first
         y = model.embed(rest)
-        c, s, mask = cos[:, :, m:], sin[:, :, m:], _causal(r, start + m)
+        c, s, (mask, rows) = cos[:, :, m:], sin[:, :, m:], model.attention_plan(r, start + m)
         for i in range(start_layer):
-            y = model.layers[i](y, c, s, cache, i, start + m, mask)
+            y = model.layers[i](y, c, s, cache, i, start + m, mask, rows)
         x = torch.cat([hidden.to(y.dtype), y], dim=1)
     else:
         x = hidden
-    mask = _causal(n, start)
+    mask, rows = model.attention_plan(n, start)  # as Transformer.forward attends: row by row where exact
     for i in range(start_layer, model.cfg.num_layers):
-        x = model.layers[i](x, cos, sin, cache, i, start, mask)
+        x = model.layers[i](x, cos, sin, cache, i, start, mask, rows)
     cache.length = start + n
     return ForwardOutput(model.lm_head(model.norm(x)).float())
 
@@ -115,7 +110,12 @@ class EarlyExit(Drafter):
         if self.cache is None or len(tokens) + 64 > self.cache.max_len:
             self.cache = self._new_cache(max(self.max_len, len(tokens) + 256))
             self.fed = []
-        return self._step(tokens[sync_prefix(self.cache, self.fed, tokens):])
+        new = tokens[sync_prefix(self.cache, self.fed, tokens):]
+        if len(new) > ROW_EXACT_MAX:  # a prefill: as the target's (all but the last token), then the last alone
+            self.model(torch.tensor([new[:-1]]), self.cache, exit_layer=self.exit_layer, last_only=True)
+            self.fed.extend(new[:-1])
+            new = new[-1:]
+        return self._step(new)
 
     def propose(self, ctx: Context, k: int) -> Draft:
         self._pending = None

@@ -36,7 +36,7 @@ from specdec.runtime.config import ModelConfig
 from specdec.runtime.kv_cache import KVCache
 
 
-ROW_EXACT_MAX = 32  # longest chain attended row by row (speculative verification); prefill uses one masked call
+ROW_EXACT_MAX = 32  # longest causal chain attended row by row (verification); longer ones (prefill): one call
 
 
 @dataclass
@@ -106,7 +106,7 @@ class Block(nn.Module):
         self.gate_up = Linear(d, 2 * cfg.intermediate_size, bias=False)
         self.down = Linear(cfg.intermediate_size, d, bias=False)
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, start: int, mask):
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, start: int, mask, rows=None):
         B, n, _ = x.shape
         cfg = self.cfg
         q, k, v = self.qkv(self.input_norm(x)).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -115,21 +115,51 @@ class Block(nn.Module):
         v = v.view(B, n, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         cache.write(layer, k, v, start)
-        keys, values = cache.view(layer, start + n)
-        if keys.dtype != q.dtype:  # a cache built in another dtype than the activations
-            keys, values = keys.to(q.dtype), values.to(q.dtype)
-        gqa = cfg.num_heads != cfg.num_kv_heads
-        if mask is None and n > 1:
-            # causal chain, one query row at a time: row i is the very call a single-position forward
-            # at position start + i makes, so chains verify bit-identically to plain decoding
-            att = torch.cat([F.scaled_dot_product_attention(q[:, :, i:i + 1], keys[:, :, :start + i + 1],
-                                                            values[:, :, :start + i + 1], enable_gqa=gqa)
-                             for i in range(n)], dim=2)
+        if rows is not None:
+            att = attend_rows(q, k, v, cache, layer, start, rows, cfg.num_heads != cfg.num_kv_heads)
         else:
-            att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
+            keys, values = cache.view(layer, start + n)
+            if keys.dtype != q.dtype:  # a cache built in another dtype than the activations
+                keys, values = keys.to(q.dtype), values.to(q.dtype)
+            att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                                 enable_gqa=cfg.num_heads != cfg.num_kv_heads)
         x = x + self.o(att.transpose(1, 2).reshape(B, n, -1))
         gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
+
+
+def attend_rows(q, k, v, cache: KVCache, layer: int, start: int, rows: list[list[int]], gqa: bool) -> torch.Tensor:
+    """Attention one query row at a time, each over exactly the keys a single-position forward at that
+    node would see, in the same order and memory layout: the cache's slots 0..start-1, then the row's
+    `rows[i]` (its ancestors and itself, indices into the n new positions, ascending) written to the
+    slots right after them. Row i is then the very call plain decoding makes, so verification is
+    bit-identical to it. A chain's rows are prefixes (row i: [0..i]) and need no writes; a tree's row
+    rewrites only where its path leaves the one in place (trie order keeps that short). The new
+    positions' own keys are put back in slots start..start+n-1 afterwards.
+
+    Example: a tree root -> a, b; a -> c (nodes [root, a, b, c], rows [[0], [0, 1], [0, 2], [0, 1, 3]]):
+    row b writes b's key into slot start+1, row c writes a and c into slots start+1, start+2."""
+    placed = list(range(q.shape[2]))  # which new position's key/value each slot from `start` holds
+    out = []
+    for i, path in enumerate(rows):
+        same = next((j for j, (a, b) in enumerate(zip(placed, path)) if a != b), min(len(placed), len(path)))
+        if same < len(path):
+            moved = torch.tensor(path[same:])
+            cache.write(layer, k[:, :, moved], v[:, :, moved], start + same)
+            placed[same:same + len(moved)] = path[same:]
+        keys, values = cache.view(layer, start + len(path))
+        out.append(F.scaled_dot_product_attention(q[:, :, i:i + 1], keys, values, enable_gqa=gqa))
+    if placed != list(range(q.shape[2])):
+        cache.write(layer, k, v, start)
+    return torch.cat(out, dim=2)
+
+
+def mask_rows(mask: torch.Tensor, start: int) -> list[list[int]] | None:
+    """Per query row, the new positions it attends to (`attend_rows`), from a mask [1, 1, n, start+n];
+    None when the mask cannot be met row by row (a cached slot hidden, or per-batch masks)."""
+    if mask.shape[0] != 1 or not bool(mask[..., :start].all()):
+        return None
+    return [[j for j, seen in enumerate(row) if seen] for row in mask[0, 0, :, start:].tolist()]
 
 
 class Transformer(nn.Module):
@@ -154,14 +184,35 @@ class Transformer(nn.Module):
 
     @property
     def row_exact(self) -> bool:
-        """True when bf16 weights run through the kernel: a causal chain of up to ROW_EXACT_MAX positions then
-        gives bit-identical logits to single-position forwards (greedy speculation is exact)."""
+        """True when bf16 weights run through the kernel: every verification forward (a chain of up to
+        ROW_EXACT_MAX positions, a tree, a lookahead window) then gives bit-identical logits to
+        single-position forwards (`attention_plan`), so greedy speculation is exact."""
         return self.dtype == torch.bfloat16 and self.compute_dtype == torch.float32
 
     def new_cache(self, max_len: int | None = None, batch: int = 1) -> KVCache:
         max_len = max_len or self.cfg.max_position_embeddings
         return KVCache(self.cfg.num_layers, batch, self.cfg.num_kv_heads, max_len, self.cfg.head_dim,
                        self.compute_dtype)
+
+    def attention_plan(self, n: int, start: int, mask: torch.Tensor | None = None):
+        """(mask, rows) for n new positions after `start` cached ones; `mask` [B|1, n, start+n] or None (causal).
+
+        fp32 and plain bf16: one attention call under the mask (causal by default). bf16 weights on the
+        kernel (`row_exact`): rows for `attend_rows`, so every verification (chains of up to ROW_EXACT_MAX
+        positions, and any explicit mask: trees, lookahead windows) gives the logits of single-position
+        forwards bit for bit; longer chains (prefill) keep one masked call."""
+        if mask is not None and mask.dim() == 3:
+            mask = mask.unsqueeze(1)  # [B, 1, n, S]: one mask for all heads
+        if self.row_exact and n > 1:
+            if mask is None and n <= ROW_EXACT_MAX:
+                return None, [list(range(i + 1)) for i in range(n)]
+            if mask is not None:
+                rows = mask_rows(mask, start)
+                if rows is not None:
+                    return None, rows
+        if mask is None and n > 1:
+            mask = torch.ones(n, start + n, dtype=torch.bool).tril(diagonal=start)
+        return mask, None
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for positions [B, n] -> [B, 1, n, D] in the model dtype (computed in fp32 once)."""
@@ -187,19 +238,13 @@ class Transformer(nn.Module):
             raise ValueError(f"context overflow: {start + n} positions exceed the cache's {cache.max_len}")
         if positions is None:
             positions = torch.arange(start, start + n).expand(B, n)
-        if mask is None and n > 1 and not (self.row_exact and n <= ROW_EXACT_MAX):
-            # causal over the new positions; every cached slot is visible. (bf16 weights on the kernel keep
-            # mask None for short chains: the layers then attend row by row, bit-identical to
-            # single-position forwards.)
-            mask = torch.ones(n, start + n, dtype=torch.bool).tril(diagonal=start)
-        elif mask is not None and mask.dim() == 3:
-            mask = mask.unsqueeze(1)  # [B, 1, n, S]: one mask for all heads
+        mask, rows = self.attention_plan(n, start, mask)
         cos, sin = self._rope(positions)
         x = self.embed(tokens)
         hidden: dict[int, torch.Tensor] = {}
         n_layers = self.cfg.num_layers if exit_layer is None else exit_layer
         for i in range(n_layers):
-            x = self.layers[i](x, cos, sin, cache, i, start, mask)
+            x = self.layers[i](x, cos, sin, cache, i, start, mask, rows)
             if i in hidden_layers:
                 hidden[i] = x
         cache.length = start + n
