@@ -151,9 +151,11 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
     stopper = Stopper(tokenizer, request)
     if drafter:
         drafter.reset()
-    k_room = getattr(policy, "k_max", getattr(policy, "k", 0)) + getattr(drafter, "extra_positions", 0)
+    # drafts are never deeper than the tokens left (k <= remaining - 1): a huge k costs no memory
+    k_most = min(getattr(policy, "k_max", getattr(policy, "k", 0)), request.max_new_tokens - 1)
+    room = drafter.room(k_most) if drafter else 0
     t0 = time.perf_counter()
-    cache = model.new_cache(len(prompt_ids) + request.max_new_tokens + k_room + 1)
+    cache = model.new_cache(len(prompt_ids) + request.max_new_tokens + room + 1)
     logits = model(torch.tensor([prompt_ids[:-1]]), cache).logits if len(prompt_ids) > 1 else None
     prefill = time.perf_counter() - t0
     ctx = Context(tokens=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling, generator=gen)

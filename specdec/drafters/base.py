@@ -44,6 +44,15 @@ def common_prefix(fed: list[int], tokens: list[int]) -> int:
     return min(common, len(tokens) - 1)
 
 
+def cache_slots(ctx: Context, k: int) -> int:
+    """Slots a drafter's own KV cache needs for the rest of this request: the context, then every token the
+    request can still commit, or this round's k drafts when more (decode keeps k <= remaining - 1). The
+    context plus the remaining tokens stays constant over a request, so the cache is allocated once.
+
+    Example: a 30-token prompt, max_new_tokens 700, k 600: 730 slots (not 30 + 512)."""
+    return len(ctx.tokens) + max(k, ctx.remaining)
+
+
 def sync_prefix(cache, fed: list[int], tokens: list[int]) -> int:
     """Keep a drafter's own KV cache in step with the committed tokens: rewind `cache` (and `fed`, the
     tokens whose KV it holds) to the longest common prefix with `tokens`, leaving at least the last
@@ -62,6 +71,11 @@ class Drafter:
 
     def propose(self, ctx: Context, k: int) -> Draft:
         raise NotImplementedError
+
+    def room(self, k: int) -> int:
+        """The most draft positions one verification forward carries (beyond the root) when drafts are at
+        most k deep: the target's cache is sized by it. Default: a chain of k."""
+        return k
 
     def startup(self, ctx: Context) -> float:
         """One-time work this drafter's next proposal would do before drafting, in target prefill tokens

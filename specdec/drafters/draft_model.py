@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from specdec.draft import Draft
-from specdec.drafters.base import Context, Drafter, common_prefix, sync_prefix
+from specdec.drafters.base import Context, Drafter, cache_slots, common_prefix, sync_prefix
 from specdec.errors import SpecdecError
 from specdec.runtime.model import Transformer
 from specdec.sampling import probs_from_logits, sample
@@ -59,11 +59,13 @@ class DraftModel(Drafter):
         """The tokens it must feed before drafting beyond the usual last one, at its relative cost."""
         return max(0, len(ctx.tokens) - 1 - common_prefix(self.fed, ctx.tokens)) * self.tau_prior
 
-    def _catch_up(self, tokens: list[int]) -> torch.Tensor:
-        """Bring the cache to `tokens[:-1]` plus feed the last token; return logits after it [V]."""
-        if self.cache is None or len(tokens) + 64 > self.cache.max_len:
-            self.cache = self.model.new_cache(len(tokens) + 512)
+    def _catch_up(self, tokens: list[int], slots: int) -> torch.Tensor:
+        """Bring the cache to `tokens[:-1]` plus feed the last token; return logits after it [V].
+        `slots`: what the request can use (`cache_slots`); the cache grows when it would not fit."""
+        if self.cache is None:
+            self.cache = self.model.new_cache(slots)
             self.fed = []
+        self.cache.grow(slots)
         new = tokens[sync_prefix(self.cache, self.fed, tokens):]
         self.stale = len(new) > 2  # catching up after plain steps: this round's time is not the draft's tau
         logits = self.model(torch.tensor([new]), self.cache, last_only=True).logits[0, -1]
@@ -71,7 +73,7 @@ class DraftModel(Drafter):
         return logits
 
     def propose(self, ctx: Context, k: int) -> Draft:
-        logits = self._catch_up(ctx.tokens)
+        logits = self._catch_up(ctx.tokens, cache_slots(ctx, k))
         tokens, qs = [], []
         for i in range(k):
             logits = logits[:self.shared]

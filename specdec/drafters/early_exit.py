@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from specdec.draft import Draft
-from specdec.drafters.base import Context, Drafter, sync_prefix
+from specdec.drafters.base import Context, Drafter, cache_slots, sync_prefix
 from specdec.runtime.kv_cache import KVCache
 from specdec.runtime.model import ROW_EXACT_MAX, ForwardOutput, Transformer
 from specdec.sampling import probs_from_logits, sample
@@ -72,7 +72,7 @@ class EarlyExit(Drafter):
     name = "early-exit"
     deterministic = False
 
-    def __init__(self, target: Transformer, exit_layer: int, max_len: int = 4096, reuse: bool = True,
+    def __init__(self, target: Transformer, exit_layer: int, max_len: int = 0, reuse: bool = True,
                  tau: float | None = None):
         n = target.cfg.num_layers
         if not isinstance(exit_layer, int) or isinstance(exit_layer, bool) or not 1 <= exit_layer <= n:
@@ -80,7 +80,7 @@ class EarlyExit(Drafter):
                              f"got {exit_layer!r}")
         self.model = target
         self.exit_layer = exit_layer
-        self.max_len = max_len
+        self.max_len = max_len           # the smallest draft cache to allocate (0: what the request can use)
         self.reuse = reuse
         # a prior for adaptive k (LLM.policy reads tau_prior); measured values replace the layer fraction
         self.tau_prior = early_exit_tau(exit_layer, n) if tau is None else tau
@@ -105,11 +105,13 @@ class EarlyExit(Drafter):
         self.fed.extend(tokens)
         return out.logits[0, -1], out.hidden[self.exit_layer - 1][:, -1:]
 
-    def _catch_up(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sync the cache to tokens[:-1] by common prefix and feed the rest (always the last token)."""
-        if self.cache is None or len(tokens) + 64 > self.cache.max_len:
-            self.cache = self._new_cache(max(self.max_len, len(tokens) + 256))
+    def _catch_up(self, tokens: list[int], slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sync the cache to tokens[:-1] by common prefix and feed the rest (always the last token).
+        `slots`: what the request can use (`cache_slots`); the cache grows when it would not fit."""
+        if self.cache is None:
+            self.cache = self._new_cache(max(self.max_len, slots))
             self.fed = []
+        self.cache.grow(slots)
         new = tokens[sync_prefix(self.cache, self.fed, tokens):]
         if len(new) > ROW_EXACT_MAX:  # a prefill: as the target's (all but the last token), then the last alone
             self.model(torch.tensor([new[:-1]]), self.cache, exit_layer=self.exit_layer, last_only=True)
@@ -121,7 +123,7 @@ class EarlyExit(Drafter):
         self._pending = None
         if k <= 0:
             return Draft.empty()
-        logits, h = self._catch_up(ctx.tokens)
+        logits, h = self._catch_up(ctx.tokens, cache_slots(ctx, k))
         tokens, qs, hidden = [], [], [h]
         for i in range(k):
             if ctx.sampling.greedy:

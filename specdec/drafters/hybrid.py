@@ -56,7 +56,6 @@ class Hybrid(Drafter):
         self.last_source: str | None = None
         self._last: int | None = None
         self._aux_source: int | None = None   # the source whose lookahead window rode along this round
-        self.extra_positions = sum(getattr(s, "extra_positions", 0) for s in sources)  # cache room beyond k
         self.counts = {}
         self.reset_counts()
 
@@ -93,6 +92,10 @@ class Hybrid(Drafter):
         empty = Draft.empty()
         empty.aux = aux
         return empty
+
+    def room(self, k: int) -> int:
+        """One source's draft plus another's lookahead window may share a forward: the sum bounds it."""
+        return sum(s.room(k) for s in self.sources)
 
     def observe(self, outcome: Outcome) -> None:
         i = self._last if len(outcome.draft) else None

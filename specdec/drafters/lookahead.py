@@ -40,6 +40,8 @@ from specdec.draft import Aux, Draft
 from specdec.drafters.base import Context, Drafter, Outcome
 from specdec.drafters.prompt_lookup import lookup
 
+MAX_WINDOW, MAX_NGRAM, MAX_GUESSES = 64, 16, 64  # bounds on the flags: beyond them a forward is all overhead
+
 # (W, N, G) in order of preference: the first whose positions fit the budget wins
 PRESETS = ((15, 5, 15), (10, 5, 10), (7, 5, 7), (5, 4, 5), (4, 4, 4), (3, 4, 3), (3, 3, 3), (2, 3, 2),
            (2, 3, 1), (1, 3, 1))
@@ -135,12 +137,11 @@ class Lookahead(Drafter):
 
     def __init__(self, window: int = 4, ngram: int = 4, guesses: int = 4, pool: bool = True,
                  eos_ids: tuple[int, ...] = ()):
-        if window < 0 or guesses < 1 or ngram < 2:
-            raise ValueError(f"lookahead needs window >= 0, ngram >= 2, guesses >= 1; "
-                             f"got {window}, {ngram}, {guesses}")
+        if not (0 <= window <= MAX_WINDOW and 2 <= ngram <= MAX_NGRAM and 1 <= guesses <= MAX_GUESSES):
+            raise ValueError(f"lookahead needs 0 <= window <= {MAX_WINDOW}, 2 <= ngram <= {MAX_NGRAM} and "
+                             f"1 <= guesses <= {MAX_GUESSES}; got {window}, {ngram}, {guesses}")
         self.window, self.ngram, self.guesses, self.use_pool = window, ngram, guesses, pool
         self.eos_ids = set(eos_ids)
-        self.extra_positions = positions(window, ngram, guesses)
         self._layouts: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.reset()
 
@@ -150,6 +151,12 @@ class Lookahead(Drafter):
         self.seen = 0                       # context tokens already added to the pool
         self.sent = 0                       # columns sent in the last forward
         self.harvested: list[tuple] = []    # n-grams of the last window update (the no-pool baseline)
+
+    def room(self, k: int) -> int:
+        """Positions beyond the root for drafts at most k deep: G candidates of min(k, N-1) tokens, plus the
+        window's W*(N-1) when it is sent (k >= N-1, `_columns`)."""
+        depth = min(k, self.ngram - 1)
+        return self.guesses * depth + (self.window * depth if k >= self.ngram - 1 else 0)
 
     def propose(self, ctx: Context, k: int) -> Draft:
         tokens = ctx.tokens

@@ -47,6 +47,16 @@ class KVCache:
     def reset(self) -> None:
         self.length = 0
 
+    def grow(self, max_len: int) -> None:
+        """Make room for max_len slots (when more than now), keeping the cached positions."""
+        if max_len <= self.max_len:
+            return
+        for kv in (self.k, self.v):
+            for i, old in enumerate(kv):
+                kv[i] = old.new_zeros(*old.shape[:2], max_len, old.shape[3])
+                kv[i][:, :, :self.length] = old[:, :, :self.length]
+        self.max_len = max_len
+
     def compact(self, keep: list[int] | torch.Tensor, newest: int) -> None:
         """Keep the slots `keep` (indices 0..newest-1 into the newest `newest` slots, ascending,
         e.g. the accepted path of a tree) and drop the rest of those `newest` slots, so the kept
