@@ -50,6 +50,11 @@ class Request:
 
 @dataclass
 class Result:
+    """One request's outcome. Acceptance is counted by depth, so chains and trees read alike: a round
+    drafting a tree of 9 nodes, 3 deep, whose verified path keeps 2 tokens adds 9 to `drafted`, 2 to
+    `accepted` and 3 to the drafted depth; `acceptance_rate` = accepted / drafted depth (2/3 here) and
+    `accepted_per_position[i]` is the share of rounds reaching depth i+1 whose token there was accepted."""
+
     text: str
     prompt_tokens: int
     new_tokens: int
@@ -59,13 +64,13 @@ class Result:
     mean_accepted: float        # new tokens per target forward (1.0 for plain decoding)
     finish_reason: str          # "stop" (EOS or a stop string) or "length"
     prefill_seconds: float
-    acceptance_rate: float      # accepted / drafted (0 when nothing was drafted)
-    accepted_per_position: list[float]  # P(draft position i accepted | reached), i = 1, 2, ...
-    drafted: int
-    accepted: int
+    acceptance_rate: float      # accepted / drafted depth (0 when nothing was drafted); chains: accepted / drafted
+    accepted_per_position: list[float]  # P(the draft's depth-i token accepted | depth i reached), i = 1, 2, ...
+    drafted: int                # draft tokens verified (a tree counts every node)
+    accepted: int               # draft tokens accepted (one path: at most the draft's depth per round)
     draft_seconds: float
     target_seconds: float
-    rounds: list[dict] = field(repr=False, default_factory=list)  # per round: drafted, accepted, kind, seconds
+    rounds: list[dict] = field(repr=False, default_factory=list)  # per round: drafted, depth, accepted, kind, seconds
     token_ids: list[int] = field(repr=False, default_factory=list)
 
     def to_dict(self) -> dict:
@@ -211,7 +216,7 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
                         measured.timing(n, tv - td, t1 - tv)
         if not n and not m and len(prompt_ids) > 1:  # a plain step prices prefill work in steps (Drafter.startup)
             ctx.prefill_cost = prefill / (len(prompt_ids) - 1) / (t1 - tv)
-        rounds.append(dict(drafted=n, accepted=result.num_accepted, kind=result.kind if n else "plain",
+        rounds.append(dict(drafted=n, depth=draft.depth, accepted=result.num_accepted, kind=result.kind if n else "plain",
                            committed=len(committed), draft_s=tv - td, target_s=t1 - tv, t=t1 - t0))
         accepted_here = min(result.num_accepted, len(committed))
         kind = result.kind if n else "plain"
@@ -226,14 +231,15 @@ def summarize(stopper: Stopper, prompt_len: int, seconds: float, prefill: float,
               draft_s: float, target_s: float, rounds: list[dict]) -> Result:
     n = len(stopper.ids)
     drafted = sum(r["drafted"] for r in rounds)
+    depth = sum(r["depth"] for r in rounds)
     accepted = sum(r["accepted"] for r in rounds)
-    per_pos = []
-    for i in range(max((r["drafted"] for r in rounds), default=0)):
-        reached = [r for r in rounds if r["drafted"] > i and r["accepted"] >= i]
+    per_pos = []  # by depth: a tree's siblings are alternatives for one position, not positions of their own
+    for i in range(max((r["depth"] for r in rounds), default=0)):
+        reached = [r for r in rounds if r["depth"] > i and r["accepted"] >= i]
         per_pos.append(sum(r["accepted"] > i for r in reached) / len(reached) if reached else 0.0)
     return Result(text=stopper.text, prompt_tokens=prompt_len, new_tokens=n, seconds=seconds,
                   tokens_per_s=n / seconds, target_forwards=forwards, mean_accepted=n / max(forwards, 1),
                   finish_reason=stopper.finish_reason, prefill_seconds=prefill,
-                  acceptance_rate=accepted / drafted if drafted else 0.0, accepted_per_position=per_pos,
+                  acceptance_rate=accepted / depth if depth else 0.0, accepted_per_position=per_pos,
                   drafted=drafted, accepted=accepted, draft_seconds=draft_s, target_seconds=target_s,
                   rounds=rounds, token_ids=stopper.ids)

@@ -59,6 +59,19 @@ def test_repetitive_text_takes_several_tokens_per_forward(env):
     assert spec.mean_accepted > 1.5 and spec.target_forwards < plain.target_forwards
 
 
+def test_statistics_count_tree_depth_not_nodes(env):
+    """Trees of up to 3 guesses, 3 deep: acceptance per depth (3 entries, not one per node) and
+    accepted / drafted depth (not / nodes)."""
+    ids = env["tok"].encode("abcabcabcabcabc abcabc", chat=False)
+    r = run(env, ids, Lookahead(3, 4, 3), 3, max_new_tokens=48)
+    trees = [x for x in r.rounds if x["drafted"] > x["depth"]]
+    assert trees and all(x["depth"] <= 3 and x["accepted"] <= x["depth"] for x in r.rounds)
+    assert len(r.accepted_per_position) == 3
+    assert r.acceptance_rate == r.accepted / sum(x["depth"] for x in r.rounds) > r.accepted / r.drafted
+    first = [x for x in r.rounds if x["depth"]]
+    assert r.accepted_per_position[0] == sum(x["accepted"] > 0 for x in first) / len(first)
+
+
 def near_uniform(folder):
     model = load_transformer(folder)
     with torch.no_grad():
