@@ -213,7 +213,7 @@ def test_exit_layers_command_measures_caches_and_feeds_auto(tiny_folder, monkeyp
     from types import SimpleNamespace
 
     from specdec.cli import main
-    from specdec.commands.exit_layers import best_exit_layer, default_layers
+    from specdec.exit_layers import best_exit_layer, default_layers
     from specdec.store import measurement_path
     from specdec.drafters.early_exit import build_early_exit
 

@@ -167,7 +167,7 @@ def build_early_exit(llm, exit_layer: int | str = "auto", progress=None, **kwarg
     `specdec exit-layers` (cached per model and dtype; measured now when missing, which takes minutes on
     a CPU: `progress(str)` hears about it); an integer: that layer. tau_prior is the measured draft cost
     when a measurement covers the layer. kwargs go to EarlyExit (max_len, reuse)."""
-    from specdec.commands.exit_layers import best_exit_layer, cached_report
+    from specdec.exit_layers import best_exit_layer, cached_report
 
     if exit_layer == "auto":
         exit_layer, report = best_exit_layer(llm, progress=progress)
