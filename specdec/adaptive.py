@@ -11,7 +11,10 @@ decays along a draft, so one alpha would overestimate long drafts); tau is the m
 cost per token over the measured plain step; verify(n) is the forward-cost curve from
 `specdec probe` (1.0 at n = 1), refined by the forwards this request makes. k = 0 (a plain
 step) is chosen when speculation is predicted to lose, with an occasional k = 1 probe so a
-source that starts to match again is noticed.
+source that starts to match again is noticed. A probe costs a draft step (tau) and a wider
+forward, so the wait between probes doubles after each one (8, 16, 32, ... plain steps, at most
+EXPLORE_MAX) until speculation is predicted to win again: a source that never matches costs a
+few probes per request, not one every 8 steps (early exit at tau 0.7 lost 8% that way).
 
 A drafter with a starting cost (a draft model that must first prefill the prompt, `Drafter.startup`)
 is started only when the tokens left times the predicted saving per token, 1 - 1/speedup, pay for
@@ -25,6 +28,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+
+EXPLORE_MAX = 128  # the longest wait between two probes of a losing source, in plain steps
 
 
 @dataclass
@@ -55,13 +61,14 @@ class AdaptiveK:
     prior_alpha: float = 0.6       # optimistic start: speculation gets a chance to show itself
     prior_weight: float = 2.0
     decay: float = 0.9             # per-observation forgetting, so the estimate follows the text
-    explore_every: int = 8         # after this many plain steps, try k = 1 once
+    explore_every: int = 8         # after this many plain steps, try k = 1 once (then twice as long a wait)
     tau: float = 0.0               # draft cost per token, in target steps (a prior, then measured)
     tau_measured: int = 0
     rounds_timed: int = 0
     accepted: list[float] = field(default_factory=list)
     tried: list[float] = field(default_factory=list)
     plain_streak: int = 0
+    probes: int = 0                # probes since speculation last was predicted to win
 
     def alphas(self) -> list[float]:
         out, prev = [], self.prior_alpha
@@ -92,11 +99,12 @@ class AdaptiveK:
             return 0  # drafting would not repay its starting cost (no probing either: a probe pays it too)
         if k == 0:
             self.plain_streak += 1
-            if self.plain_streak >= self.explore_every and startup < math.inf:
+            if self.plain_streak >= min(self.explore_every << self.probes, EXPLORE_MAX) and startup < math.inf:
                 self.plain_streak = 0
+                self.probes += 1
                 return 1
         else:
-            self.plain_streak = 0
+            self.plain_streak = self.probes = 0
         return k
 
     def timing(self, drafted: int, draft_seconds: float, target_seconds: float, smoothing: float = 0.3) -> None:

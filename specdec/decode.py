@@ -163,7 +163,8 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
     cache = model.new_cache(len(prompt_ids) + request.max_new_tokens + room + 1)
     logits = model(torch.tensor([prompt_ids[:-1]]), cache).logits if len(prompt_ids) > 1 else None
     prefill = time.perf_counter() - t0
-    ctx = Context(tokens=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling, generator=gen)
+    ctx = Context(tokens=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling, generator=gen,
+                  target_cache=cache)
     forwards, draft_s, target_s, rounds = 0, 0.0, 0.0, []
     done = False
     while not done:

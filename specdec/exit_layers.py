@@ -144,6 +144,8 @@ def measure_exit_layers(llm, prompts: Sequence[str | Sequence[int]] = DEFAULT_PR
     say = progress or (lambda s: None)
     say("costs: timing one draft step per exit layer against a full step")
     tau, verify_cost = measure_costs(model, layers, k + 1, repeats=repeats)
+    # never below the layer fraction: timed under load, an L-layer step can read a twentieth of a full one
+    tau = {L: max(t, theory.early_exit_tau(L, n_layers)) for L, t in tau.items()}
     ids = [tok.encode(p) if isinstance(p, str) else list(p) for p in prompts]
     request = Request(max_new_tokens=max_new_tokens)
     runs: dict = {name: [] for name in ["plain", *layers]}

@@ -8,11 +8,13 @@ import torch
 
 from specdec.adaptive import FixedK
 from specdec.decode import Request, decode
+from specdec.drafters.base import Context
 from specdec.drafters.draft_model import DraftModel
 from specdec.drafters.early_exit import EarlyExit
 from specdec.drafters.lookahead import Lookahead
 from specdec.drafters.prompt_lookup import PromptLookup
 from specdec.runtime.loader import load_transformer
+from specdec.sampling import SamplingParams
 from specdec.tokenizer import Tokenizer
 from tests.tiny import save_tiny
 
@@ -82,9 +84,13 @@ def test_early_exit_with_a_large_k_runs_to_the_limit(long_tiny):
     model, tok = long_tiny
     ids = tok.encode("Count from 1 to 1000. " * 190, chat=False)  # 4180 tokens: past the old 4096-slot floor
     whole = EarlyExit(model, model.cfg.num_layers)  # every layer: drafts the target's own tokens
-    r = run(model, tok, ids, whole, 300, 310)
-    assert r.new_tokens == 310 and r.accepted >= 300
-    assert whole.cache.max_len <= len(ids) + 310 + 1
+    r = run(model, tok, ids, whole, 300, 310)  # drafting on the target's cache
+    assert r.new_tokens == 310 and r.accepted >= 300 and whole.shared
+    whole.reset()  # and on its own cache, sized by the request
+    ctx = Context(tokens=ids, prompt_len=len(ids), sampling=SamplingParams(), generator=torch.Generator(),
+                  remaining=310)
+    assert len(whole.propose(ctx, 300)) == 300 and not whole.shared
+    assert whole.cache.max_len == len(ids) + 310
 
 
 def test_grow_keeps_the_cached_positions():

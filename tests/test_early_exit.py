@@ -227,7 +227,7 @@ def test_exit_layers_command_measures_caches_and_feeds_auto(tiny_folder, monkeyp
     full = out["rows"][1]
     assert full["alpha"] == 1.0 and full["reused"] > 0  # the whole model as draft: every token accepted
     for r in out["rows"]:
-        assert 0 < r["tau"] and 0 <= r["alpha"] <= 1 and r["tokens_per_s"] > 0
+        assert r["exit_layer"] / 3 <= r["tau"] and 0 <= r["alpha"] <= 1 and r["tokens_per_s"] > 0
     assert measurement_path("exit_layers", str(tiny_folder), "float32").is_file()
 
     model, tok = load_transformer(tiny_folder, torch.float32), Tokenizer(tiny_folder)
@@ -235,7 +235,7 @@ def test_exit_layers_command_measures_caches_and_feeds_auto(tiny_folder, monkeyp
     best, report = best_exit_layer(llm, measure=False)  # from the cache: nothing measured again
     assert best == out["best"]
     d = build_early_exit(llm, "auto")
-    assert d.exit_layer == best and d.tau_prior == report.row(best).tau
+    assert d.exit_layer == best and d.tau_prior == report.row(best).tau and d.prior_alpha == report.row(best).alpha
     assert build_early_exit(llm, 2).tau_prior == pytest.approx(2 / 3)  # not measured: the layer fraction
     assert default_layers(30) == [4, 8, 11, 15, 19, 22] and default_layers(3) == [1, 2]
     assert main(["exit-layers", "--model", str(tiny_folder), "--layers", "9"]) == 2

@@ -87,14 +87,17 @@ def test_lookahead_window_verifies_bit_identically(model):
     check_layout(model, draft, root=44)
 
 
-@pytest.mark.parametrize("exit_layer", [1, 2])
-def test_early_exit_reuse_verifies_bit_identically(model, exit_layer):
+@pytest.mark.parametrize("exit_layer, shared", [(1, True), (2, True), (1, False), (2, False)])
+def test_early_exit_reuse_verifies_bit_identically(model, exit_layer, shared):
+    """Drafting on the target's cache (as `decode` does) or on the drafter's own."""
     ctx = context(4)
     tokens = ctx[0].tolist() + [19]
     drafter = EarlyExit(model, exit_layer)
-    c = Context(tokens=tokens, prompt_len=len(tokens), sampling=SamplingParams(), generator=torch.Generator())
-    draft = drafter.propose(c, 6)
     cache = prefilled(model, ctx)
+    c = Context(tokens=tokens, prompt_len=len(tokens), sampling=SamplingParams(), generator=torch.Generator(),
+                target_cache=cache if shared else None)
+    draft = drafter.propose(c, 6)
+    assert drafter.shared == shared
     inputs = torch.tensor([[19] + draft.tokens.tolist()])
     out = drafter.verify_forward(model, cache, inputs)
     assert out is not None and drafter.reused == 1  # the reuse path ran

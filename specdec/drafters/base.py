@@ -25,6 +25,7 @@ class Context:
     generator: torch.Generator    # the request's generator (drafters that sample draw from it)
     remaining: int = 0            # tokens the request may still generate
     prefill_cost: float | None = None  # one target prefill token, in target steps, measured (None: no step yet)
+    target_cache: object = None   # the target's KVCache (every token but the last): early exit drafts on it
 
 
 @dataclass

@@ -2,15 +2,18 @@
 
 The draft is the target, truncated: its first L layers, then its own final norm and LM head
 (`Transformer.forward(..., exit_layer=L)`), on the same weight tensors (nothing is copied). It
-drafts k tokens autoregressively with its own static KV cache holding layers < L only, kept in
-step with the committed tokens by longest common prefix (as `DraftModel` does). Greedy: each
+drafts k tokens autoregressively on the target's own KV cache (LayerSkip's shared cache, given in
+`Context.target_cache`): layers < L of the committed tokens are already there, so the draft never
+prefills the prompt nor catches up after plain steps; it feeds only the last committed token and
+its own drafts, into slots the verification then overwrites. (Without the target's cache, e.g.
+called on its own, it keeps a cache of layers < L in step by longest common prefix.) Greedy: each
 token is the argmax and q is None. Sampled: q rows are the request's sampling applied to the
 early-exit logits, and the tokens are drawn from them with the request's generator.
 
 LayerSkip's reuse. Layers < L see only layers < L of earlier positions, so the draft pass has
 already computed, for the positions it fed (the last committed token and drafts 1..k-1), the
 very KV and layer-(L-1) outputs the target's verification would compute for layers < L.
-`verify_forward` copies those KV slots into the target's cache and runs only layers L..N-1 for
+`verify_forward` finds those KV slots in the target's cache (copies them there from its own) and runs only layers L..N-1 for
 them (`forward_from_layer`); the one position the draft never fed (the last drafted token)
 still goes through layers < L. The verification is then the same computation as a plain
 forward: in fp32 up to the last bits (chunking changes summation order, as in any speculation);
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.adaptive import AdaptiveK
 from specdec.draft import Draft
 from specdec.drafters.base import Context, Drafter, cache_slots, sync_prefix
 from specdec.runtime.kv_cache import KVCache
@@ -73,7 +77,7 @@ class EarlyExit(Drafter):
     deterministic = False
 
     def __init__(self, target: Transformer, exit_layer: int, max_len: int = 0, reuse: bool = True,
-                 tau: float | None = None):
+                 tau: float | None = None, alpha: float | None = None):
         n = target.cfg.num_layers
         if not isinstance(exit_layer, int) or isinstance(exit_layer, bool) or not 1 <= exit_layer <= n:
             raise ValueError(f"exit_layer must be an integer in 1..{n} (the model has {n} layers), "
@@ -82,15 +86,19 @@ class EarlyExit(Drafter):
         self.exit_layer = exit_layer
         self.max_len = max_len           # the smallest draft cache to allocate (0: what the request can use)
         self.reuse = reuse
-        # a prior for adaptive k (LLM.policy reads tau_prior); measured values replace the layer fraction
-        self.tau_prior = early_exit_tau(exit_layer, n) if tau is None else tau
+        # priors for adaptive k (LLM.policy reads them): a measured tau never below the layer fraction (a
+        # micro-benchmark under load can read 0.05 for 11 of 30 layers), a measured alpha, else optimism
+        self.tau_prior = max(early_exit_tau(exit_layer, n), tau or 0.0)
+        self.prior_alpha = AdaptiveK.prior_alpha if alpha is None else alpha
         self.cache: KVCache | None = None
+        self.shared = False              # self.cache is a view of the target's (`_catch_up`)
         self.fed: list[int] = []         # tokens whose layer-<L KV is in self.cache
         self._pending = None             # (start, inputs, hidden rows) of the last proposal, for verify_forward
         self.reused = 0                  # verifications that reused the draft's layer-<L work
 
     def reset(self) -> None:
         self.cache = None
+        self.shared = False              # self.cache is a view of the target's (`_catch_up`)
         self.fed = []
         self._pending = None
 
@@ -105,11 +113,18 @@ class EarlyExit(Drafter):
         self.fed.extend(tokens)
         return out.logits[0, -1], out.hidden[self.exit_layer - 1][:, -1:]
 
-    def _catch_up(self, tokens: list[int], slots: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sync the cache to tokens[:-1] by common prefix and feed the rest (always the last token).
-        `slots`: what the request can use (`cache_slots`); the cache grows when it would not fit."""
-        if self.cache is None:
-            self.cache = self._new_cache(max(self.max_len, slots))
+    def _catch_up(self, tokens: list[int], slots: int, target: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bring the cache to tokens[:-1] and feed the last token. With the target's cache (`Context.target_cache`,
+        holding tokens[:-1]) the draft shares its layers < L: nothing to prefill or catch up, ever. Else its own
+        cache, synced by common prefix (`slots`: what the request can use, `cache_slots`)."""
+        if target is not None and target.length == len(tokens) - 1 and target.batch == 1:
+            if not self.shared or self.cache.k[0] is not target.k[0]:
+                self.cache, self.shared = target.first_layers(self.exit_layer), True
+            self.cache.length = len(tokens) - 1
+            self.fed = list(tokens[:-1])
+            return self._step(tokens[-1:])
+        if self.cache is None or self.shared:
+            self.cache, self.shared = self._new_cache(max(self.max_len, slots)), False
             self.fed = []
         self.cache.grow(slots)
         new = tokens[sync_prefix(self.cache, self.fed, tokens):]
@@ -123,7 +138,7 @@ class EarlyExit(Drafter):
         self._pending = None
         if k <= 0:
             return Draft.empty()
-        logits, h = self._catch_up(ctx.tokens, cache_slots(ctx, k))
+        logits, h = self._catch_up(ctx.tokens, cache_slots(ctx, k), ctx.target_cache)
         tokens, qs, hidden = [], [], [h]
         for i in range(k):
             if ctx.sampling.greedy:
@@ -155,7 +170,7 @@ class EarlyExit(Drafter):
         L = self.exit_layer
         if self.cache is None or self.cache.length < start + m or self.fed[start:start + m] != expected[:m]:
             return None
-        for i in range(L):
+        for i in range(L if self.cache.k[0] is not cache.k[0] else 0):  # a shared cache holds them already
             cache.k[i][:, :, start:start + m] = self.cache.k[i][:, :, start:start + m]
             cache.v[i][:, :, start:start + m] = self.cache.v[i][:, :, start:start + m]
         self.reused += 1
@@ -165,8 +180,9 @@ class EarlyExit(Drafter):
 def build_early_exit(llm, exit_layer: int | str = "auto", progress=None, **kwargs) -> EarlyExit:
     """The EarlyExit drafter for a `specdec.LLM`. exit_layer "auto": the best layer measured by
     `specdec exit-layers` (cached per model and dtype; measured now when missing, which takes minutes on
-    a CPU: `progress(str)` hears about it); an integer: that layer. tau_prior is the measured draft cost
-    when a measurement covers the layer. kwargs go to EarlyExit (max_len, reuse)."""
+    a CPU: `progress(str)` hears about it); an integer: that layer. tau_prior and prior_alpha are the
+    measured draft cost and acceptance when a measurement covers the layer. kwargs go to EarlyExit
+    (max_len, reuse)."""
     from specdec.exit_layers import best_exit_layer, cached_report
 
     if exit_layer == "auto":
@@ -176,4 +192,5 @@ def build_early_exit(llm, exit_layer: int | str = "auto", progress=None, **kwarg
     else:
         report = cached_report(llm)
     row = report.row(exit_layer) if report else None
-    return EarlyExit(llm.model, exit_layer, tau=row.tau if row else None, **kwargs)
+    return EarlyExit(llm.model, exit_layer, tau=row.tau if row else None, alpha=row.alpha if row else None,
+                     **kwargs)

@@ -47,6 +47,14 @@ class KVCache:
     def reset(self) -> None:
         self.length = 0
 
+    def first_layers(self, n: int) -> "KVCache":
+        """A cache over this one's first n layers that shares its tensors (LayerSkip's shared cache: an
+        early-exit draft reads the target's cached positions instead of computing them again). Its
+        length is its own."""
+        view = KVCache.__new__(KVCache)
+        view.k, view.v, view.max_len, view.length = self.k[:n], self.v[:n], self.max_len, self.length
+        return view
+
     def grow(self, max_len: int) -> None:
         """Make room for max_len slots (when more than now), keeping the cached positions."""
         if max_len <= self.max_len:
