@@ -51,7 +51,8 @@ class CostCurve:
 
     @classmethod
     def from_probe(cls, probe) -> "CostCurve":
-        return cls(dict(probe.relative))
+        """The probe's curve; the default one when the probe's curve is implausible (`ProbeResult.implausible`)."""
+        return cls() if probe.implausible() else cls(dict(probe.relative))
 
 
 @dataclass

@@ -10,21 +10,58 @@ runs) and reports
 - the step time against the bandwidth bound: weight bytes read per step / measured bandwidth.
 
 Example (illustrative): t(1) = 40 ms, t(8) = 43 ms, t(16) = 52 ms -> budget 8.
+
+A cached probe steers adaptive k and lookahead's configuration, so a stale one is not trusted
+(`problem`): it is measured again when the kernel's source or the CPU (model name, flags) changed
+since (`machine_key`), when the machine was busy (load average over LOAD_LIMIT per core), or when
+the curve is implausible: a forward over more positions cannot be much cheaper than over fewer
+(t(2) = 0.027 s against t(1) = 0.054 s was measured under load). `probe` itself retries an
+implausible curve; `CostCurve.from_probe` ignores one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from specdec.runtime import kernels
 from specdec.runtime.model import Transformer
 
 SIZES = (1, 2, 3, 4, 6, 8, 16, 32, 64)
+NOISE = 0.2        # t(n) may read up to 20% below t(m) for m < n (timing noise); more is implausible
+LOAD_LIMIT = 0.5   # load average per core above which a probe is taken again
+ATTEMPTS = 3       # measurements `probe` makes before keeping an implausible curve
+
+
+def machine_key() -> str:
+    """What a probe's timings depend on beyond the model: the kernels' sources and the CPU's model name
+    and flags (/proc/cpuinfo). A cached probe with another key is measured again."""
+    h = hashlib.sha256()
+    folder = Path(kernels.__file__).parent
+    for f in sorted(folder.iterdir()):
+        if f.suffix in (".c", ".h", ".py"):
+            h.update(f.name.encode() + f.read_bytes())
+    try:
+        cpu = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        cpu = ""
+    h.update("".join(line for line in cpu.splitlines(True) if line.startswith(("model name", "flags"))).encode())
+    return h.hexdigest()[:16]
+
+
+def load_per_core() -> float:
+    """The 1-minute load average over the CPU count (0 where the OS does not say)."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return 0.0
 
 
 @dataclass
@@ -39,6 +76,8 @@ class ProbeResult:
     bandwidth_gbs: float         # measured memory bandwidth, GB/s
     bound_seconds: float         # weight_bytes / bandwidth: the memory-bound step time
     threads: int
+    machine: str = field(default_factory=machine_key)  # `machine_key()` when measured
+    load: float = 0.0            # load average per core while measuring (the highest seen)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -48,7 +87,27 @@ class ProbeResult:
         d = dict(d)
         d["seconds"] = {int(k): v for k, v in d["seconds"].items()}
         d["relative"] = {int(k): v for k, v in d["relative"].items()}
+        d.setdefault("machine", "")  # probes cached before the key existed: measured again
         return cls(**d)
+
+    def implausible(self) -> str | None:
+        """Why the curve cannot be right (None when it can): some t(n) under (1 - NOISE) x t(m), m < n."""
+        slowest = (0, 0.0)
+        for n in sorted(self.seconds):
+            if self.seconds[n] < (1 - NOISE) * slowest[1]:
+                return (f"t({n}) = {self.seconds[n]:.4g} s < {1 - NOISE:g} x t({slowest[0]}) = "
+                        f"{slowest[1]:.4g} s: a forward over more positions cannot cost much less")
+            slowest = max(slowest, (n, self.seconds[n]), key=lambda x: x[1])
+        return None
+
+    def problem(self) -> str | None:
+        """Why this probe should not be trusted (None when it can): another kernel or CPU, measured
+        under load, or an implausible curve."""
+        if self.machine != machine_key():
+            return "measured with another kernel or CPU"
+        if self.load > LOAD_LIMIT:
+            return f"measured under load ({self.load:.2f} per core, over {LOAD_LIMIT})"
+        return self.implausible()
 
 
 def weight_bytes_per_step(model: Transformer) -> int:
@@ -73,7 +132,19 @@ def measure_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
 
 
 def probe(model: Transformer, name: str = "", context: int = 256, sizes=SIZES, repeats: int = 5,
-          tolerance: float = 0.10, progress=None) -> ProbeResult:
+          tolerance: float = 0.10, progress=None, attempts: int = ATTEMPTS) -> ProbeResult:
+    """Measure the curve (`measure`), again up to `attempts` times while it is implausible; the load
+    average is recorded with it."""
+    for _ in range(attempts):
+        result = measure(model, name, context, sizes, repeats, tolerance, progress)
+        if result.implausible() is None:
+            break
+    return result
+
+
+def measure(model: Transformer, name: str = "", context: int = 256, sizes=SIZES, repeats: int = 5,
+            tolerance: float = 0.10, progress=None) -> ProbeResult:
+    load = load_per_core()
     cache = model.new_cache(context + max(sizes))
     gen = torch.Generator().manual_seed(0)
     model(torch.randint(0, model.cfg.vocab_size, (1, context), generator=gen), cache)
@@ -97,7 +168,8 @@ def probe(model: Transformer, name: str = "", context: int = 256, sizes=SIZES, r
     bw = measure_bandwidth()
     return ProbeResult(model=name, dtype=str(model.dtype).replace("torch.", ""), context=context, seconds=seconds,
                        relative=relative, budget=budget, weight_bytes=wbytes, bandwidth_gbs=bw,
-                       bound_seconds=wbytes / (bw * 1e9), threads=torch.get_num_threads())
+                       bound_seconds=wbytes / (bw * 1e9), threads=torch.get_num_threads(),
+                       load=max(load, load_per_core()))
 
 
 def save(result: ProbeResult) -> Path:
@@ -107,7 +179,15 @@ def save(result: ProbeResult) -> Path:
 
 
 def load_cached(name: str, dtype: str) -> ProbeResult | None:
+    """The cached probe for this model and dtype, or None when there is none or it is not to be trusted
+    (`ProbeResult.problem`): the caller probes again."""
     from specdec.store import measurement_path
 
     path = measurement_path("probe", name, dtype)
-    return ProbeResult.from_dict(json.loads(path.read_text())) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        result = ProbeResult.from_dict(json.loads(path.read_text()))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None  # a damaged or older file: probe again
+    return None if result.problem() else result

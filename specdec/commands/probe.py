@@ -13,7 +13,9 @@ def register(sub) -> None:
                        description="After a 256-token context, time one forward over n = 1, 2, 4, ..., 64 new "
                                    "positions (median of several runs); report the curve, the budget (largest n "
                                    "within 10%% of n = 1) and the step time against the memory-bandwidth bound. "
-                                   "The result is cached per model and dtype for adaptive k and the scheduler.")
+                                   "The result is cached per model and dtype for adaptive k and the scheduler, and "
+                                   "measured again when the kernel or CPU changes, when it was taken under load, "
+                                   "or when its curve is implausible.")
     add_model_args(p)
     p.add_argument("--repeats", type=int, default=5, help="timed runs per size (median; default 5)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -33,6 +35,10 @@ def run(args) -> int:
     with tqdm(total=len(SIZES), desc="probe", unit="size", file=sys.stderr, disable=args.json) as bar:
         result = probe(model, args.model, repeats=args.repeats, progress=lambda n: bar.update(1))
     path = save(result)
+    problem = result.problem()
+    if problem:
+        print(f"specdec probe: warning: {problem}; adaptive k will not use it and probes again next time",
+              file=sys.stderr)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0

@@ -1,0 +1,78 @@
+"""A cached probe is trusted only when it can be right: same kernel sources and CPU, measured on a quiet
+machine, and a plausible curve (issue 15, item 19: a cached t(2) = 0.027 s against t(1) = 0.054 s steered
+adaptive k and lookahead)."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from specdec import probe as probe_mod
+from specdec.adaptive import CostCurve
+from specdec.probe import ProbeResult, load_cached, machine_key, save
+from specdec.runtime import kernels
+from specdec.runtime.loader import load_transformer
+from specdec.store import measurement_path
+
+
+def result(seconds, **kw):
+    relative = {n: s / seconds[1] for n, s in seconds.items()}
+    return ProbeResult(model="m", dtype="float32", context=256, seconds=seconds, relative=relative, budget=2,
+                       weight_bytes=1, bandwidth_gbs=1.0, bound_seconds=0.01, threads=2, **kw)
+
+
+GOOD = {1: 0.054, 2: 0.055, 4: 0.06, 8: 0.07}
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    monkeypatch.setattr(probe_mod, "load_per_core", lambda: 0.1)
+
+
+def test_a_plausible_quiet_probe_is_reused():
+    save(result(GOOD))
+    cached = load_cached("m", "float32")
+    assert cached is not None and cached.problem() is None and CostCurve.from_probe(cached)(8) == pytest.approx(0.07 / 0.054)
+
+
+@pytest.mark.parametrize("seconds, why", [({1: 0.054, 2: 0.027}, "t(2)"), ({1: 0.05, 2: 0.06, 8: 0.04}, "t(8)")])
+def test_an_implausible_curve_is_measured_again_and_not_used(seconds, why):
+    bad = result(seconds)
+    assert why in bad.implausible() and CostCurve.from_probe(bad).points == CostCurve().points
+    save(bad)
+    assert load_cached("m", "float32") is None
+    assert result({1: 0.054, 2: 0.05, 4: 0.06}).implausible() is None  # within noise
+
+
+def test_a_probe_under_load_is_measured_again():
+    save(result(GOOD, load=1.5))
+    assert load_cached("m", "float32") is None
+
+
+def test_another_kernel_or_cpu_or_an_old_file_is_measured_again(tmp_path, monkeypatch):
+    save(result(GOOD, machine="another machine"))
+    assert load_cached("m", "float32") is None
+    path = save(result(GOOD))
+    d = json.loads(path.read_text())
+    del d["machine"]  # cached before the key existed
+    path.write_text(json.dumps(d))
+    assert load_cached("m", "float32") is None
+    copy = shutil.copytree(kernels.SOURCE.parent, tmp_path / "kernels")
+    before = machine_key()
+    monkeypatch.setattr(kernels, "__file__", str(copy / "__init__.py"))
+    assert machine_key() == before
+    (copy / "skinny.c").write_text((copy / "skinny.c").read_text() + "\n/* v3 */\n")
+    assert machine_key() != before
+
+
+def test_probe_records_the_load_and_retries_an_implausible_curve(tiny_folder, monkeypatch):
+    model = load_transformer(tiny_folder, torch.float32)
+    monkeypatch.setattr(probe_mod, "load_per_core", lambda: 3.0)
+    busy = probe_mod.probe(model, "m", context=8, sizes=(1, 2), repeats=1)
+    assert busy.load == 3.0 and "load" in busy.problem()
+    made = iter([result({1: 0.054, 2: 0.027}), result(GOOD)])
+    monkeypatch.setattr(probe_mod, "measure", lambda *a, **k: next(made))
+    assert probe_mod.probe(model, "m").seconds == GOOD
+    assert measurement_path("probe", "m", "float32").parent.exists() is False  # probing does not save
