@@ -12,9 +12,9 @@ cost per token over the measured plain step; verify(n) is the forward-cost curve
 `specdec probe` (1.0 at n = 1), refined by the forwards this request makes. k = 0 (a plain
 step) is chosen when speculation is predicted to lose, with an occasional k = 1 probe so a
 source that starts to match again is noticed. A probe costs a draft step (tau) and a wider
-forward, so the wait between probes doubles after each one (8, 16, 32, ... plain steps, at most
-EXPLORE_MAX) until speculation is predicted to win again: a source that never matches costs a
-few probes per request, not one every 8 steps (early exit at tau 0.7 lost 8% that way).
+forward, so the wait before it grows with that cost (`explore_wait`) and doubles after each probe
+until speculation is predicted to win again: a source that never matches costs a few probes per
+request, not one every 8 steps (early exit at tau 0.7 lost 8% that way).
 
 A drafter with a starting cost (a draft model that must first prefill the prompt, `Drafter.startup`)
 is started only when the tokens left times the predicted saving per token, 1 - 1/speedup, pay for
@@ -30,7 +30,8 @@ import math
 from dataclasses import dataclass, field
 
 
-EXPLORE_MAX = 128  # the longest wait between two probes of a losing source, in plain steps
+EXPLORE_MAX = 128     # the longest wait between two probes of a losing source, in plain steps
+EXPLORE_SHARE = 0.05  # the share of its waiting steps a probe may cost
 
 
 @dataclass
@@ -100,13 +101,21 @@ class AdaptiveK:
             return 0  # drafting would not repay its starting cost (no probing either: a probe pays it too)
         if k == 0:
             self.plain_streak += 1
-            if self.plain_streak >= min(self.explore_every << self.probes, EXPLORE_MAX) and startup < math.inf:
+            if self.plain_streak >= self.explore_wait() and startup < math.inf:
                 self.plain_streak = 0
                 self.probes += 1
                 return 1
         else:
             self.plain_streak = self.probes = 0
         return k
+
+    def explore_wait(self) -> int:
+        """Plain steps before the next k = 1 probe: explore_every, or longer when a probe is dear (it costs
+        verify(2) + tau - 1 steps more than a plain step, and probing may spend EXPLORE_SHARE of the steps
+        waited), doubled after each probe since speculation last won, at most EXPLORE_MAX.
+        Example: tau 0.7 -> probes after 15, 30, 60, 120, 128, ... plain steps; tau 0.002 -> 8, 16, ..."""
+        dear = math.ceil(max(self.cost(2) + self.tau - 1.0, 0.0) / EXPLORE_SHARE)
+        return min(max(self.explore_every, dear) << self.probes, EXPLORE_MAX)
 
     def timing(self, drafted: int, draft_seconds: float, target_seconds: float, smoothing: float = 0.3) -> None:
         """Update tau from one round's measured times: draft seconds per token over the target's

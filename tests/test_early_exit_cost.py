@@ -57,8 +57,11 @@ def test_a_losing_source_is_probed_ever_more_rarely():
             policy.observe(k, 0)
     probes = [i for i, k in enumerate(ks) if k]
     gaps = [b - a for a, b in zip(probes, probes[1:])]
-    assert probes[0] == policy.explore_every - 1 and len(probes) <= 9
-    assert gaps[:4] == [16, 32, 64, 128] and max(gaps) == EXPLORE_MAX
+    first = 15  # a probe costs verify(2) + tau - 1 = 0.75 steps: at most 5% of the 15 steps before it
+    assert probes[0] == first - 1 and len(probes) <= 7 and len([i for i in probes if i < 128]) == 2
+    assert gaps[:4] == [30, 60, 120, EXPLORE_MAX] and max(gaps) == EXPLORE_MAX
+    cheap = AdaptiveK(prior_alpha=0.05, tau=0.002)  # prompt lookup: probes as often as before
+    assert cheap.explore_wait() == cheap.explore_every
 
 
 def test_probing_resumes_its_pace_once_speculation_wins():
