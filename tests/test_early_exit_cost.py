@@ -58,7 +58,7 @@ def test_a_losing_source_is_probed_ever_more_rarely():
     probes = [i for i, k in enumerate(ks) if k]
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     first = 15  # a probe costs verify(2) + tau - 1 = 0.75 steps: at most 5% of the 15 steps before it
-    assert probes[0] == first - 1 and len(probes) <= 7 and len([i for i in probes if i < 128]) == 2
+    assert probes[0] == first - 1 and len(probes) <= 7 and len([i for i in probes if i < 128]) == 3
     assert gaps[:4] == [30, 60, 120, EXPLORE_MAX] and max(gaps) == EXPLORE_MAX
     cheap = AdaptiveK(prior_alpha=0.05, tau=0.002)  # prompt lookup: probes as often as before
     assert cheap.explore_wait() == cheap.explore_every
