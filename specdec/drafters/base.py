@@ -2,7 +2,8 @@
 
 A drafter sees only the `Context` (token history, sampling settings, the request's random
 generator) and returns a Draft: tokens + parents + optional q (None = deterministic, as for
-prompt lookup). It never touches the target. `observe` reports how the round went, so pools,
+prompt lookup). It never runs the target (early exit, the target's own first layers, drafts on
+`Context.target_cache` beyond the committed slots). `observe` reports how the round went, so pools,
 caches and acceptance statistics can update. An empty Draft means "nothing to propose": the
 round becomes a plain decoding step.
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.draft import Draft
+from specdec.runtime.kv_cache import KVCache
 from specdec.sampling import SamplingParams
 
 
@@ -25,7 +27,7 @@ class Context:
     generator: torch.Generator    # the request's generator (drafters that sample draw from it)
     remaining: int = 0            # tokens the request may still generate
     prefill_cost: float | None = None  # one target prefill token, in target steps, measured (None: no step yet)
-    target_cache: object = None   # the target's KVCache (every token but the last): early exit drafts on it
+    target_cache: KVCache | None = None  # the target's cache (every token but the last): early exit drafts on it
 
 
 @dataclass

@@ -90,17 +90,14 @@ class EarlyExit(Drafter):
         # micro-benchmark under load can read 0.05 for 11 of 30 layers), a measured alpha, else optimism
         self.tau_prior = max(early_exit_tau(exit_layer, n), tau or 0.0)
         self.prior_alpha = AdaptiveK.prior_alpha if alpha is None else alpha
+        self.reused = 0                  # verifications that reused the draft's layer-<L work
+        self.reset()
+
+    def reset(self) -> None:
         self.cache: KVCache | None = None
         self.shared = False              # self.cache is a view of the target's (`_catch_up`)
         self.fed: list[int] = []         # tokens whose layer-<L KV is in self.cache
         self._pending = None             # (start, inputs, hidden rows) of the last proposal, for verify_forward
-        self.reused = 0                  # verifications that reused the draft's layer-<L work
-
-    def reset(self) -> None:
-        self.cache = None
-        self.shared = False              # self.cache is a view of the target's (`_catch_up`)
-        self.fed = []
-        self._pending = None
 
     def _new_cache(self, length: int) -> KVCache:
         cfg = self.model.cfg
@@ -113,7 +110,8 @@ class EarlyExit(Drafter):
         self.fed.extend(tokens)
         return out.logits[0, -1], out.hidden[self.exit_layer - 1][:, -1:]
 
-    def _catch_up(self, tokens: list[int], slots: int, target: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _catch_up(self, tokens: list[int], slots: int,
+                  target: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Bring the cache to tokens[:-1] and feed the last token. With the target's cache (`Context.target_cache`,
         holding tokens[:-1]) the draft shares its layers < L: nothing to prefill or catch up, ever. Else its own
         cache, synced by common prefix (`slots`: what the request can use, `cache_slots`)."""
