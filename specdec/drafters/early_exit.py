@@ -57,15 +57,15 @@ def forward_from_layer(model: Transformer, cache: KVCache, hidden: torch.Tensor,
     cos, sin = model._rope(torch.arange(start, start + n).expand(B, n))
     if r:  # the positions the draft never fed: layers < start_layer first
         y = model.embed(rest)
-        c, s, (mask, rows) = cos[:, :, m:], sin[:, :, m:], model.attention_plan(r, start + m)
+        c, s, (mask, plan) = cos[:, :, m:], sin[:, :, m:], model.attention_plan(r, start + m)
         for i in range(start_layer):
-            y = model.layers[i](y, c, s, cache, i, start + m, mask, rows)
+            y = model.layers[i](y, c, s, cache, i, start + m, mask, plan)
         x = torch.cat([hidden.to(y.dtype), y], dim=1)
     else:
         x = hidden
-    mask, rows = model.attention_plan(n, start)  # as Transformer.forward attends: row by row where exact
+    mask, plan = model.attention_plan(n, start)  # as Transformer.forward attends: row by row where exact
     for i in range(start_layer, model.cfg.num_layers):
-        x = model.layers[i](x, cos, sin, cache, i, start, mask, rows)
+        x = model.layers[i](x, cos, sin, cache, i, start, mask, plan)
     cache.length = start + n
     return ForwardOutput(model.lm_head(model.norm(x)).float())
 

@@ -106,7 +106,7 @@ class Block(nn.Module):
         self.gate_up = Linear(d, 2 * cfg.intermediate_size, bias=False)
         self.down = Linear(cfg.intermediate_size, d, bias=False)
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, start: int, mask, rows=None):
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, start: int, mask, plan: "RowPlan | None" = None):
         B, n, _ = x.shape
         cfg = self.cfg
         q, k, v = self.qkv(self.input_norm(x)).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -115,8 +115,8 @@ class Block(nn.Module):
         v = v.view(B, n, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         cache.write(layer, k, v, start)
-        if rows is not None:
-            att = attend_rows(q, k, v, cache, layer, start, rows, cfg.num_heads != cfg.num_kv_heads)
+        if plan is not None:
+            att = attend_rows(q, k, v, cache, layer, start, plan, cfg.num_heads != cfg.num_kv_heads)
         else:
             keys, values = cache.view(layer, start + n)
             if keys.dtype != q.dtype:  # a cache built in another dtype than the activations
@@ -128,38 +128,60 @@ class Block(nn.Module):
         return x + self.down(F.silu(gate) * up)
 
 
-def attend_rows(q, k, v, cache: KVCache, layer: int, start: int, rows: list[list[int]], gqa: bool) -> torch.Tensor:
-    """Attention one query row at a time, each over exactly the keys a single-position forward at that
-    node would see, in the same order and memory layout: the cache's slots 0..start-1, then the row's
-    `rows[i]` (its ancestors and itself, indices into the n new positions, ascending) written to the
-    slots right after them. Row i is then the very call plain decoding makes, so verification is
-    bit-identical to it. A chain's rows are prefixes (row i: [0..i]) and need no writes; a tree's row
-    rewrites only where its path leaves the one in place (trie order keeps that short). The new
-    positions' own keys are put back in slots start..start+n-1 afterwards.
+@dataclass
+class RowPlan:
+    """How `attend_rows` runs n query rows, worked out once per forward (not per layer): for row i,
+    `rows[i]` = (keys, at, moved): it attends to the cache's first start + keys slots, after writing the
+    new positions `moved` (a LongTensor, or None: nothing to write) into slots start + at onwards.
+    `restore`: the new positions' own keys must be put back in slots start..start+n-1 afterwards."""
 
-    Example: a tree root -> a, b; a -> c (nodes [root, a, b, c], rows [[0], [0, 1], [0, 2], [0, 1, 3]]):
-    row b writes b's key into slot start+1, row c writes a and c into slots start+1, start+2."""
-    placed = list(range(q.shape[2]))  # which new position's key/value each slot from `start` holds
+    rows: list[tuple[int, int, torch.Tensor | None]]
+    restore: bool
+
+    @classmethod
+    def from_paths(cls, paths: list[list[int]]) -> "RowPlan":
+        """paths[i]: the new positions row i sees (its ancestors and itself, ascending). A chain's paths are
+        prefixes (row i: [0..i]) and need no writes; a tree's row rewrites only where its path leaves the
+        one in place (trie order keeps that short).
+
+        Example: a tree root -> a, b; a -> c (nodes [root, a, b, c], paths [[0], [0, 1], [0, 2], [0, 1, 3]]):
+        row b writes b into slot start+1; row c writes a and c into slots start+1, start+2."""
+        placed = list(range(len(paths)))  # which new position each slot from `start` holds
+        rows = []
+        for path in paths:
+            same = next((j for j, (a, b) in enumerate(zip(placed, path)) if a != b), len(path))
+            moved = torch.tensor(path[same:]) if same < len(path) else None
+            placed[same:len(path)] = path[same:]
+            rows.append((len(path), same, moved))
+        return cls(rows, placed != list(range(len(paths))))
+
+    @classmethod
+    def chain(cls, n: int) -> "RowPlan":
+        return cls([(i + 1, i + 1, None) for i in range(n)], False)
+
+
+def attend_rows(q, k, v, cache: KVCache, layer: int, start: int, plan: RowPlan, gqa: bool) -> torch.Tensor:
+    """Attention one query row at a time, each over exactly the keys a single-position forward at that
+    node would see, in the same order and memory layout: the cache's slots 0..start-1, then the node's
+    ancestors and itself written to the slots right after them (`RowPlan`). Row i is then the very call
+    plain decoding makes, so verification is bit-identical to it."""
     out = []
-    for i, path in enumerate(rows):
-        same = next((j for j, (a, b) in enumerate(zip(placed, path)) if a != b), min(len(placed), len(path)))
-        if same < len(path):
-            moved = torch.tensor(path[same:])
-            cache.write(layer, k[:, :, moved], v[:, :, moved], start + same)
-            placed[same:same + len(moved)] = path[same:]
-        keys, values = cache.view(layer, start + len(path))
-        out.append(F.scaled_dot_product_attention(q[:, :, i:i + 1], keys, values, enable_gqa=gqa))
-    if placed != list(range(q.shape[2])):
+    for i, (keys, at, moved) in enumerate(plan.rows):
+        if moved is not None:
+            cache.write(layer, k[:, :, moved], v[:, :, moved], start + at)
+        key, value = cache.view(layer, start + keys)
+        out.append(F.scaled_dot_product_attention(q[:, :, i:i + 1], key, value, enable_gqa=gqa))
+    if plan.restore:
         cache.write(layer, k, v, start)
     return torch.cat(out, dim=2)
 
 
-def mask_rows(mask: torch.Tensor, start: int) -> list[list[int]] | None:
-    """Per query row, the new positions it attends to (`attend_rows`), from a mask [1, 1, n, start+n];
-    None when the mask cannot be met row by row (a cached slot hidden, or per-batch masks)."""
+def mask_rows(mask: torch.Tensor, start: int) -> RowPlan | None:
+    """The `RowPlan` of a mask [1, 1, n, start+n]: each row sees the whole cache and the new positions its
+    mask row allows; None when the mask cannot be met row by row (a cached slot hidden, per-batch masks)."""
     if mask.shape[0] != 1 or not bool(mask[..., :start].all()):
         return None
-    return [[j for j, seen in enumerate(row) if seen] for row in mask[0, 0, :, start:].tolist()]
+    return RowPlan.from_paths([[j for j, seen in enumerate(row) if seen] for row in mask[0, 0, :, start:].tolist()])
 
 
 class Transformer(nn.Module):
@@ -195,21 +217,21 @@ class Transformer(nn.Module):
                        self.compute_dtype)
 
     def attention_plan(self, n: int, start: int, mask: torch.Tensor | None = None):
-        """(mask, rows) for n new positions after `start` cached ones; `mask` [B|1, n, start+n] or None (causal).
+        """(mask, plan) for n new positions after `start` cached ones; `mask` [B|1, n, start+n] or None (causal).
 
         fp32 and plain bf16: one attention call under the mask (causal by default). bf16 weights on the
-        kernel (`row_exact`): rows for `attend_rows`, so every verification (chains of up to ROW_EXACT_MAX
+        kernel (`row_exact`): a `RowPlan` for `attend_rows`, so every verification (chains of up to ROW_EXACT_MAX
         positions, and any explicit mask: trees, lookahead windows) gives the logits of single-position
         forwards bit for bit; longer chains (prefill) keep one masked call."""
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # [B, 1, n, S]: one mask for all heads
         if self.row_exact and n > 1:
             if mask is None and n <= ROW_EXACT_MAX:
-                return None, [list(range(i + 1)) for i in range(n)]
+                return None, RowPlan.chain(n)
             if mask is not None:
-                rows = mask_rows(mask, start)
-                if rows is not None:
-                    return None, rows
+                plan = mask_rows(mask, start)
+                if plan is not None:
+                    return None, plan
         if mask is None and n > 1:
             mask = torch.ones(n, start + n, dtype=torch.bool).tril(diagonal=start)
         return mask, None
@@ -238,13 +260,13 @@ class Transformer(nn.Module):
             raise ValueError(f"context overflow: {start + n} positions exceed the cache's {cache.max_len}")
         if positions is None:
             positions = torch.arange(start, start + n).expand(B, n)
-        mask, rows = self.attention_plan(n, start, mask)
+        mask, plan = self.attention_plan(n, start, mask)
         cos, sin = self._rope(positions)
         x = self.embed(tokens)
         hidden: dict[int, torch.Tensor] = {}
         n_layers = self.cfg.num_layers if exit_layer is None else exit_layer
         for i in range(n_layers):
-            x = self.layers[i](x, cos, sin, cache, i, start, mask, rows)
+            x = self.layers[i](x, cos, sin, cache, i, start, mask, plan)
             if i in hidden_layers:
                 hidden[i] = x
         cache.length = start + n
