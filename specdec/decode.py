@@ -42,7 +42,8 @@ class Request:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+        n = self.max_new_tokens
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")

@@ -12,7 +12,8 @@ Order of application, on each row of logits [..., V]:
                                            ties broken to the lowest index, like torch.argmax;
                                            computed as (logits - max) / T, which cannot overflow,
                                            so any tiny T > 0 gives its limit: p shared equally by
-                                           the tokens tied at the top)
+                                           the tokens tied at the top; T below float32's smallest
+                                           normal, 1.2e-38, counts as that)
     2. top-k         keep tokens whose logit >= the k-th largest (ties at the edge are kept)
     3. top-p         nucleus: sort the renormalized probabilities, keep the smallest prefix
                      whose cumulative mass reaches top_p (always at least the top token;
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64-bit seeds
+TINY = torch.finfo(torch.float32).tiny  # the smallest temperature used as such (float32 would round T to 0)
 
 
 def _is_int(x) -> bool:
@@ -92,7 +94,8 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
             raise ValueError("logits contain NaN")
         return torch.zeros_like(x).scatter_(-1, x.argmax(-1, keepdim=True), 1.0)
 
-    x = (x - x.amax(-1, keepdim=True)) / params.temperature  # <= 0: no overflow however small T is
+    t = max(params.temperature, TINY)  # <= 0 after the shift: no overflow however small T is
+    x = (x - x.amax(-1, keepdim=True)) / t
     vocab = x.shape[-1]
     if 0 < params.top_k < vocab:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
