@@ -81,6 +81,9 @@ def test_setup_checks():
 
 
 def test_lookahead_config():
+    import specdec
+
+    assert specdec.LookaheadConfig is LookaheadConfig
     assert LookaheadConfig.of("auto") == LookaheadConfig() and LookaheadConfig().auto
     assert LookaheadConfig.of((3, 4, 3)) == LookaheadConfig(3, 4, 3, True)
     assert not LookaheadConfig.of((3, 4, 3, False)).pool and not LookaheadConfig(3, 4, 3).auto
