@@ -31,9 +31,9 @@ def is_int(x) -> bool:
 
 # --- prompts -----------------------------------------------------------------------------------------
 
-def check_text(text: str, what: str = "the prompt") -> str:
-    """`text` must be non-blank and valid Unicode (no lone surrogates: what Python makes of invalid
-    UTF-8 bytes in a command-line argument)."""
+def check_utf8(text: str, what: str) -> str:
+    """`text` must be a str of valid Unicode (no lone surrogates: what Python makes of invalid UTF-8
+    bytes in a command-line argument)."""
     if not isinstance(text, str):
         raise OptionError(f"{what} must be a str, got {type(text).__name__}")
     try:
@@ -41,7 +41,12 @@ def check_text(text: str, what: str = "the prompt") -> str:
     except UnicodeEncodeError as e:
         raise OptionError(f"{what} is not valid UTF-8 text (an undecodable byte at character {e.start}): "
                           "pass UTF-8 text") from None
-    if not text.strip():
+    return text
+
+
+def check_text(text: str, what: str = "the prompt") -> str:
+    """Prompt text: valid UTF-8 (`check_utf8`) and not blank."""
+    if not check_utf8(text, what).strip():
         raise OptionError(f"{what} is empty: give some text")
     return text
 
@@ -105,7 +110,7 @@ def check_stop(stop) -> tuple[str, ...]:
     for s in stop:
         if not isinstance(s, str) or not s:
             raise OptionError(f"stop strings must be non-empty strings, got {s!r}")
-        check_text(s, "a stop string")
+        check_utf8(s, "a stop string")
     return stop
 
 

@@ -24,6 +24,7 @@ def test_stop_is_one_string_and_none_is_no_stop():
     assert GenerationOptions(stop="END").stop == ("END",)
     assert GenerationOptions(stop=None).stop == ()
     assert GenerationOptions(stop=["a", "bc"]).request.stop == ("a", "bc")
+    assert GenerationOptions(stop="\n\n").stop == ("\n\n",)  # whitespace is a fine stop string
     for bad in ([""], [3], 3, ["a\udcff"]):
         with pytest.raises(OptionError, match="stop"):
             GenerationOptions(stop=bad)
