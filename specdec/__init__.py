@@ -14,4 +14,12 @@ def __getattr__(name):  # lazy: `import specdec` stays cheap for the CLI
         from specdec.api import LLM
 
         return LLM
+    if name in ("GenerationOptions", "LookaheadConfig"):
+        from specdec import options
+
+        return getattr(options, name)
+    if name == "SpecdecError":
+        from specdec.errors import SpecdecError
+
+        return SpecdecError
     raise AttributeError(name)

@@ -19,23 +19,28 @@ from typing import Iterator, Sequence
 import torch
 
 from specdec.adaptive import AdaptiveK, CostCurve, FixedK
-from specdec.decode import Chunk, Request, Result, decode
-from specdec.drafters import METHODS
+from specdec.decode import Chunk, Result, decode
+from specdec.drafters import METHODS  # noqa: F401 - specdec.api.METHODS, read by the bench
 from specdec.drafters.base import Drafter
-from specdec.errors import SpecdecError
+from specdec.options import (NEEDS_DRAFT, GenerationOptions, LookaheadConfig, OptionError, check_exit_layer,
+                             check_k, check_method, check_prompt, check_setup)
 from specdec.runtime.loader import load_transformer, resolve_dtype
-from specdec.sampling import SamplingParams
 from specdec.tokenizer import Tokenizer
 
 
-
 class LLM:
+    """A loaded model and its tokenizer; drafters are built on first use. `draft`: the draft model for
+    method "draft"; `datastore`: retrieval's folder; `exit_layer`: early exit's layer or "auto";
+    `sources`: hybrid's drafters in order; `lookahead`: a `LookaheadConfig` (or "auto", or the older
+    tuple (W, N, G[, pool])). These settings are checked before the model loads."""
+
     def __init__(self, model: str = "smollm2-135m", dtype: str | None = None, pull: bool = True,
                  draft: str | None = None, datastore: str | None = None, exit_layer: int | str = "auto",
                  sources: Sequence[str] | str = ("prompt-lookup", "draft"),
-                 lookahead: str | tuple = "auto"):
+                 lookahead: LookaheadConfig | str | tuple = "auto"):
         from specdec.store import resolve
 
+        check_setup(draft=draft, sources=sources, exit_layer=exit_layer, lookahead=lookahead)
         self.name = model
         self.folder: Path = resolve(model, pull=pull)
         self.dtype: torch.dtype = resolve_dtype(dtype)
@@ -43,9 +48,9 @@ class LLM:
         self.tokenizer = Tokenizer(self.folder)
         self.draft_name = draft
         self.datastore = datastore
-        self.exit_layer = exit_layer
+        self.exit_layer = check_exit_layer(exit_layer, self.model.cfg.num_layers)
         self.sources = sources
-        self.lookahead = lookahead
+        self.lookahead = LookaheadConfig.of(lookahead)
         self._draft = None
         self._retrieval = None
         self._early_exit = None
@@ -54,9 +59,7 @@ class LLM:
 
     # --- drafters -----------------------------------------------------------------------
     def drafter(self, method: str) -> Drafter | None:
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
-        if method == "plain":
+        if check_method(method) == "plain":
             return None
         if method == "prompt-lookup":
             from specdec.drafters.prompt_lookup import PromptLookup
@@ -79,8 +82,8 @@ class LLM:
         if method == "lookahead":
             from specdec.drafters.lookahead import Lookahead
 
-            pool = self.lookahead[3] if isinstance(self.lookahead, tuple) and len(self.lookahead) > 3 else True
-            return Lookahead(*self.lookahead_config(), pool=pool, eos_ids=tuple(self.tokenizer.eos_ids))
+            return Lookahead(*self.lookahead_config(), pool=self.lookahead.pool,
+                             eos_ids=tuple(self.tokenizer.eos_ids))
         if method == "hybrid":
             from specdec.drafters.hybrid import build_hybrid
 
@@ -92,7 +95,7 @@ class LLM:
         from specdec.store import resolve
 
         if self.draft_name is None:
-            raise SpecdecError("method 'draft' needs a draft model: pass --draft NAME (e.g. qwen2.5-coder-0.5b)")
+            raise OptionError(NEEDS_DRAFT)
         if self._draft is None:
             folder = resolve(self.draft_name, pull=True)
             shared = check_same_tokenizer(self.tokenizer, Tokenizer(folder))
@@ -105,8 +108,9 @@ class LLM:
         """(window W, n-gram size N, guesses G): given, or fitted to the budget `specdec probe` measured."""
         from specdec.drafters.lookahead import auto_config
 
-        given = (None, None, None) if self.lookahead == "auto" else tuple(self.lookahead)[:3]
-        auto = auto_config(self.budget()) if None in given else (None, None, None)
+        c = self.lookahead
+        given = (c.window, c.ngram, c.guesses)
+        auto = auto_config(self.budget()) if c.auto else (None, None, None)
         return tuple(a if g is None else int(g) for g, a in zip(given, auto))
 
     def budget(self) -> int:
@@ -117,8 +121,7 @@ class LLM:
     def policy(self, k: int | str, drafter: Drafter | None):
         if drafter is None:
             return None
-        if k != "auto" and (not isinstance(k, int) or k < 0):
-            raise ValueError(f"k must be a non-negative integer or 'auto', got {k!r}")
+        check_k(k)
 
         def auto(d):
             if getattr(d, "name", "") == "lookahead":
@@ -153,30 +156,29 @@ class LLM:
         return self._cost
 
     # --- generation -----------------------------------------------------------------------
-    def chunks(self, prompt: str | Sequence[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
-               top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
-               stop: Sequence[str] = (), chat: bool | None = None, method: str = "plain",
-               k: int | str = "auto") -> Iterator[Chunk]:
-        """The decoding loop's chunks: text as it is committed, the final one carrying the Result."""
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-        request = Request(max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop))
-        drafter = self.drafter(method)
-        policy = self.policy(k, drafter)
-        ids = list(prompt) if not isinstance(prompt, str) else self.tokenizer.encode(prompt, chat=chat)
-        return decode(self.model, self.tokenizer, ids, request, drafter, policy)
+    def chunks(self, prompt: str | Sequence[int], **options) -> Iterator[Chunk]:
+        """The decoding loop's chunks: text as it is committed, the final one carrying the Result.
+        `options`: the fields of `specdec.options.GenerationOptions`."""
+        opts = GenerationOptions(**options)
+        prompt = check_prompt(prompt, self.model.cfg.vocab_size)
+        drafter = self.drafter(opts.method)
+        policy = self.policy(opts.k, drafter)
+        ids = prompt if isinstance(prompt, list) else self.tokenizer.encode(prompt, chat=opts.chat)
+        return decode(self.model, self.tokenizer, ids, opts.request, drafter, policy)
 
-    def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[str]:
+    def stream(self, prompt: str | Sequence[int], **options) -> Iterator[str]:
         """Yield text as tokens are committed (same keyword arguments as `generate`)."""
-        for chunk in self.chunks(prompt, **kwargs):
+        for chunk in self.chunks(prompt, **options):
             if chunk.text:
                 yield chunk.text
 
-    def generate(self, prompt: str | Sequence[int], **kwargs) -> Result:
-        """Generate a completion. Keyword arguments: max_new_tokens, temperature (0 = greedy), top_k,
-        top_p, min_p, seed, stop (list of strings), chat (None = use the chat template if the model has one),
-        method (one of specdec.drafters.METHODS), k (draft length, or "auto"). A prompt may also be a list of
-        token ids (used as is)."""
-        for chunk in self.chunks(prompt, **kwargs):
+    def generate(self, prompt: str | Sequence[int], **options) -> Result:
+        """Generate a completion of a prompt: text, or a list of token ids (used as is). Keyword arguments
+        (`specdec.options.GenerationOptions`): max_new_tokens, temperature (0 = greedy), top_k, top_p, min_p,
+        seed (0..2**64-1), stop (a string or a list of strings), chat (None = use the chat template if the
+        model has one), method (one of specdec.drafters.METHODS), k (draft length, or "auto"). Bad values
+        raise one SpecdecError (also a ValueError) saying what to pass."""
+        for chunk in self.chunks(prompt, **options):
             if chunk.result is not None:
                 return chunk.result
         raise RuntimeError("decoding ended without a result")

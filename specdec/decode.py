@@ -42,7 +42,8 @@ class Request:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+        n = self.max_new_tokens
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
@@ -102,21 +103,23 @@ class Stopper:
         """Commit one token; True when generation is finished."""
         if self.finish_reason:
             raise RuntimeError("push after finish")
-        if token in self.tok.eos_ids:
-            self.ids.append(token)
-            self.finish_reason = "stop"
-            return True
         self.ids.append(token)
-        self.text = self.tok.decode(self.ids)
+        eos = token in self.tok.eos_ids
+        if not eos:  # EOS is not part of the text
+            self.text = self.tok.decode(self.ids)
+        final = eos or len(self.ids) >= self.request.max_new_tokens
+        # U+FFFD at the end may be a character still half-decoded: until the text is final, stop strings
+        # see only its complete characters (so a stop string containing U+FFFD matches only a real one)
+        seen = self.text if final else self.text.rstrip("\ufffd")
         for s in self.request.stop:
-            at = self.text.find(s, max(0, self.emitted - len(s)))
+            at = seen.find(s, max(0, self.emitted - len(s)))
             if at >= 0:
                 self.text = self.text[:at]
                 self.finish_reason = "stop"
                 return True
-        if len(self.ids) >= self.request.max_new_tokens:
-            self.finish_reason = "length"
-        return self.finish_reason is not None
+        if final:
+            self.finish_reason = "stop" if eos else "length"
+        return final
 
     def new_text(self) -> str:
         """Text that is safe to show now: not a possible stop-string prefix, not a partial UTF-8 character."""

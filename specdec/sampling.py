@@ -9,7 +9,11 @@ only ever sees the final p. Rejection sampling against that p is exact (Leviatha
 Order of application, on each row of logits [..., V]:
 
     1. temperature   logits / T           (T = 0 means greedy: p is one-hot on the argmax,
-                                           ties broken to the lowest index, like torch.argmax)
+                                           ties broken to the lowest index, like torch.argmax;
+                                           computed as (logits - max) / T, which cannot overflow,
+                                           so any tiny T > 0 gives its limit: p shared equally by
+                                           the tokens tied at the top; T below float32's smallest
+                                           normal, 1.2e-38, counts as that)
     2. top-k         keep tokens whose logit >= the k-th largest (ties at the edge are kept)
     3. top-p         nucleus: sort the renormalized probabilities, keep the smallest prefix
                      whose cumulative mass reaches top_p (always at least the top token;
@@ -32,6 +36,9 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64-bit seeds
+TINY = torch.finfo(torch.float32).tiny  # the smallest temperature used as such (float32 would round T to 0)
 
 
 def _is_int(x) -> bool:
@@ -64,8 +71,8 @@ class SamplingParams:
         m = self.min_p
         if not _is_real(m) or not (0.0 <= m <= 1.0):
             raise ValueError(f"min_p must be in [0, 1] (0 = off), got {m!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= SEED_MAX):
+            raise ValueError(f"seed must be an integer from 0 to 2**64-1 ({SEED_MAX}) or None, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
@@ -87,7 +94,8 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
             raise ValueError("logits contain NaN")
         return torch.zeros_like(x).scatter_(-1, x.argmax(-1, keepdim=True), 1.0)
 
-    x = x / params.temperature
+    t = max(params.temperature, TINY)  # <= 0 after the shift: no overflow however small T is
+    x = (x - x.amax(-1, keepdim=True)) / t
     vocab = x.shape[-1]
     if 0 < params.top_k < vocab:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
@@ -110,8 +118,8 @@ def make_generator(seed: int | None) -> torch.Generator:
     if seed is None:
         g.seed()
     else:
-        if not _is_int(seed):
-            raise ValueError(f"seed must be an integer or None, got {seed!r}")
+        if not _is_int(seed) or not 0 <= seed <= SEED_MAX:
+            raise ValueError(f"seed must be an integer from 0 to 2**64-1 ({SEED_MAX}) or None, got {seed!r}")
         g.manual_seed(seed)
     return g
 

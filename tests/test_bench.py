@@ -196,6 +196,39 @@ def test_cli_errors_one_line_exit_2(argv, message, tmp_path, capsys):
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.fixture
+def no_loading(monkeypatch):
+    from specdec import api
+
+    def load(*a, **k):
+        raise AssertionError("the model loaded before --out and the options were checked")
+
+    monkeypatch.setattr(api, "load_transformer", load)
+
+
+def test_bad_out_and_options_refused_before_running(tiny_llama, tmp_path, capsys, no_loading):
+    (tmp_path / "file").write_text("results of last week")
+    (tmp_path / "dir" / "results.json").mkdir(parents=True)
+    base = ["bench", "--model", str(tiny_llama), "--prompts", "humanevalfix", "--limit", "1"]
+    for argv, message in [(["--out", str(tmp_path / "file")], "is a file"),
+                          (["--out", str(tmp_path / "file" / "sub")], "is a file"),
+                          (["--out", str(tmp_path / "dir")], "is a folder"),
+                          (["--out", str(tmp_path / "o"), "--seed", str(2**64)], "2**64-1"),
+                          (["--out", str(tmp_path / "o"), "--temperature", "-1"], "temperature"),
+                          (["--out", str(tmp_path / "o"), "--methods", "draft"], "--draft")]:
+        assert main(base + argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, (argv, err)
+    assert (tmp_path / "file").read_text() == "results of last week"
+
+
+def test_prompts_file_not_utf8_is_named(tmp_path):
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b'{"question_id": 1, "turns": ["caf\xe9"]}\n')  # Latin-1
+    with pytest.raises(SpecdecError, match=f"prompts file {bad} is not UTF-8 .*byte 0xe9.*convert it to UTF-8"):
+        P.load_prompts(str(bad))
+
+
 def test_bench_draft_model_hf_assisted_and_sampling(tiny_llama, tmp_path, capsys):
     draft = save_tiny("llama", tmp_path / "draft", seed=1)
     prompts = tmp_path / "p.jsonl"

@@ -69,3 +69,61 @@ def test_probe_json(folder, capsys, tmp_path, monkeypatch):
     assert set(out["seconds"]) == {str(n) for n in SIZES}
     assert out["budget"] >= 1 and out["relative"]["1"] == 1.0 and out["bound_seconds"] > 0
     assert list(tmp_path.glob("probe/*.json"))  # cached for adaptive k
+
+
+# --- input checked before the model loads (issue 15) ----------------------------------------------
+
+def run_cli(args, stdin=b""):
+    """The real command in a subprocess (argv may hold bytes that are not UTF-8)."""
+    return subprocess.run([sys.executable, "-m", "specdec.cli"] + args, input=stdin, capture_output=True)
+
+
+@pytest.mark.parametrize("prompt, stdin", [(b"abc\xff\xfe", b""), (b"-", b"abc\xff")])
+def test_invalid_utf8_prompt_is_one_line(folder, prompt, stdin):
+    r = run_cli([b"generate", prompt, b"--model", folder.encode()], stdin)
+    err = r.stderr.decode().strip()
+    assert r.returncode == 2 and "UTF-8" in err and "\n" not in err and "Traceback" not in err
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Fail any test that loads a model: options must be refused before."""
+    from specdec import api
+
+    def load(*a, **k):
+        raise AssertionError("the model loaded before the options were checked")
+
+    monkeypatch.setattr(api, "load_transformer", load)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["", "--no-chat"], "empty"), ([""], "empty"), (["  \n"], "empty"),
+    (["hi", "--seed", "18446744073709551616"], "2**64-1"), (["hi", "--seed", "-1"], "seed"),
+    (["hi", "--top-p", "0"], "top_p"), (["hi", "--temperature", "nan"], "temperature"),
+    (["hi", "--stop", ""], "stop"), (["hi", "--method", "draft"], "--draft"),
+    (["hi", "--method", "hybrid", "--sources", "prompt-lookup,nosuch"], "nosuch"),
+    (["hi", "--method", "early-exit", "--exit-layer", "x"], "exit layer"),
+    (["hi", "--method", "lookahead", "--ngram", "1"], "ngram"),
+])
+def test_bad_input_refused_before_loading(folder, capsys, no_loading, args, message):
+    assert main(["generate"] + args[:1] + ["--model", folder] + args[1:]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_empty_stdin_is_refused(folder):
+    r = run_cli(["generate", "-", "--model", folder], b" \n")
+    assert r.returncode == 2 and b"empty" in r.stderr
+
+
+def test_exit_layer_beyond_the_model(folder, capsys):
+    assert main(["generate", "hi", "--model", folder, "--method", "early-exit", "--exit-layer", "4"]) == 2
+    assert "1..3" in capsys.readouterr().err
+
+
+def test_tiny_temperature_samples_the_argmax(folder, capsys):
+    base = ["generate", "hello", "--model", folder, "--no-chat", "--max-new-tokens", "8", "--json"]
+    assert main(base) == 0
+    greedy = json.loads(capsys.readouterr().out)["text"]
+    assert main(base + ["--temperature", "1e-40", "--seed", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["text"] == greedy

@@ -70,11 +70,36 @@ def test_stopper_rules():
     assert not s.push(1) and s.push(0) and s.finish_reason == "stop" and s.text == "a" and s.ids == [1, 0]
 
 
+class ByteTok:
+    """Token = one byte (0 = EOS); decoded like a byte-level BPE: a character cut short shows as U+FFFD."""
+    eos_ids = frozenset({0})
+
+    def decode(self, ids):
+        return bytes(i for i in ids if i).decode("utf-8", errors="replace")
+
+
+def test_stop_string_with_u_fffd_ignores_half_decoded_characters():
+    e_acute = list("é".encode())                           # two bytes: the first alone decodes to U+FFFD
+    s = Stopper(ByteTok(), Request(max_new_tokens=10, stop=("\ufffd",)))
+    assert not s.push(ord("a")) and not s.push(e_acute[0]) and not s.push(e_acute[1])
+    assert not s.push(ord("b")) and s.text == "aéb"
+    s = Stopper(ByteTok(), Request(max_new_tokens=10, stop=("a\ufffdb",)))
+    assert not s.push(ord("a")) and not s.push(0xFF)          # 0xFF is never UTF-8: a real U+FFFD, once followed
+    assert s.push(ord("b")) and s.finish_reason == "stop" and s.text == ""
+    s = Stopper(ByteTok(), Request(max_new_tokens=2, stop=("\ufffd",)))
+    assert not s.push(ord("a")) and s.push(e_acute[0])       # the last token: the text is final
+    assert s.finish_reason == "stop" and s.text == "a"
+    s = Stopper(ByteTok(), Request(max_new_tokens=9, stop=("\ufffd",)))
+    assert not s.push(ord("a")) and not s.push(e_acute[0]) and s.push(0)  # EOS: final too
+    assert s.finish_reason == "stop" and s.text == "a"
+
+
 def test_context_overflow_and_bad_requests(tiny):
     model, tok, _ = tiny
     with pytest.raises(SpecdecError, match="context"):
         run(model, tok, [5] * 200, max_new_tokens=100)
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        Request(max_new_tokens=0)
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            Request(max_new_tokens=bad)
     with pytest.raises(SpecdecError, match="empty"):
         run(model, tok, [], max_new_tokens=3)

@@ -273,3 +273,53 @@ def test_cli(capsys, folder):
     assert main(["race", "--model", folder, "--port", "70000"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("specdec race: error:") for line in err)
+
+
+# --- start-up checks and model swaps (issue 15) ------------------------------------------------------
+
+def test_a_failed_model_load_keeps_the_loaded_model(folder, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    app = create_app(folder, preload=False)
+    runner = app.state.runner
+    loaded = runner.llm()
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.post("/api/live", json=dict(prompt="abcabc", max_new_tokens=4, model=str(broken)))
+        assert r.status_code == 202, r.text
+        assert wait(c, r.json()["id"])["state"] == "error"
+        assert runner._llm is loaded and runner.llm() is loaded  # still there, not reloaded
+        r = c.post("/api/live", json=dict(prompt="abcabc", max_new_tokens=4))
+        assert wait(c, r.json()["id"])["state"] == "done"
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(draft="nosuch"), "draft model: unknown model 'nosuch'"),
+    (dict(sources="prompt-lookup,nosuch"), "unknown hybrid source 'nosuch'"),
+    (dict(exit_layer="x"), "exit layer"), (dict(exit_layer="4"), "1..3"), (dict(exit_layer=0), "exit layer"),
+])
+def test_bad_settings_refused_at_start_up(folder, kwargs, words):
+    with pytest.raises(SpecdecError, match=words):
+        create_app(folder, preload=False, **kwargs)
+
+
+@pytest.mark.parametrize("body, words", [
+    ('{"prompt": "  \\n "}', "empty"), ('{"prompt": "a\\udcffb"}', "unicode"),  # JSON may escape a lone surrogate
+])
+def test_live_prompts_checked_like_generate(client, body, words):
+    r = client.post("/api/live", content=body, headers={"content-type": "application/json"})
+    assert r.status_code in (400, 422) and words in r.json()["error"], r.text
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--host", "256.1.1.1"], "256.1.1.1"), (["--draft", "nosuch"], "nosuch"),
+    (["--sources", "prompt-lookup,nosuch"], "nosuch"), (["--exit-layer", "9"], "1..3"),
+])
+def test_cli_start_up_errors_exit_2(folder, capsys, argv, words):
+    from specdec.cli import main
+
+    assert main(["race", "--model", folder, "--port", "0"] + argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "\n" not in err and err.startswith("specdec race: error:")

@@ -303,3 +303,67 @@ def test_build_for_an_llm(tmp_path, tiny_tok, monkeypatch):
     dsm.build(tiny_tok, iter(TEXTS), dsm.default_dir("tiny"), model="tiny", source="sharegpt", progress=False)
     assert build(llm, None).ds.folder == tmp_path / "datastores" / "sharegpt-tiny"
     assert isinstance(build(llm, str(dsm.default_dir("tiny")), tree=True), Retrieval)
+
+
+# --- what a build may replace, and damaged files (issue 15) -----------------------------------------
+
+@pytest.mark.parametrize("tiny_folder", ["llama"], indirect=True)
+def test_force_replaces_only_a_datastore(tiny_folder, tmp_path, capsys):
+    from specdec.cli import main
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("speculate, then verify.")
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "notes.txt").write_text("hi")
+    plain_file = tmp_path / "file.txt"
+    plain_file.write_text("keep me")
+    build = ["datastore", "build", "--model", str(tiny_folder), "--quiet", "--force"]
+    cases = [(["--from", str(src), "--out", str(notes)], "not a specdec datastore"),
+             (["--from", str(src), "--out", str(plain_file)], "not a specdec datastore"),
+             (["--from", str(plain_file), "--out", str(plain_file)], "input"),
+             (["--from", str(src / "a.txt"), "--out", str(src)], "input"),
+             (["--from", str(src), "--out", str(tmp_path)], "input"),
+             (["--from", str(src), "--out", str(tmp_path / "new"), "--depth", "1000000000000"], "--depth")]
+    for args, words in cases:
+        assert main(build + args) == 2
+        err = capsys.readouterr().err.strip()
+        assert words in err and "\n" not in err, (args, err)
+    assert (notes / "notes.txt").read_text() == "hi" and plain_file.read_text() == "keep me"
+    assert (src / "a.txt").is_file() and not (tmp_path / "new").exists()
+    out = tmp_path / "store"
+    assert main(build + ["--from", str(src), "--out", str(out)]) == 0          # new: fine
+    assert main(build + ["--from", str(src), str(plain_file), "--out", str(out)]) == 0  # a datastore: replaced
+    assert Datastore(out).meta["documents"] == 2
+
+
+def test_built_folder_has_the_usual_permissions(tmp_path, tiny_tok):
+    import os
+
+    old = os.umask(0o022)
+    try:
+        dsm.build(tiny_tok, iter(TEXTS), tmp_path / "store", model="tiny", source="files", progress=False)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "store").stat().st_mode & 0o777 == 0o755
+
+
+def test_depth_is_bounded(tmp_path, tiny_tok):
+    for depth in (1, dsm.MAX_DEPTH + 1, 10**12, True):
+        with pytest.raises(SpecdecError, match="--depth must be an integer from 2 to"):
+            dsm.build(tiny_tok, iter(TEXTS), tmp_path / "store", model="tiny", source="files", depth=depth,
+                      progress=False)
+    assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("name, damage", [
+    ("sa.npy", lambda b: b[:len(b) - 8]), ("sa.npy", lambda b: b[:20]), ("tokens.npy", lambda b: b""),
+    ("index.npy", lambda b: b[:len(b) // 2]), ("meta.json", lambda b: b"{"),
+])
+def test_damaged_files_are_named(tmp_path, tiny_tok, name, damage):
+    out = tmp_path / "store"
+    dsm.build(tiny_tok, iter(TEXTS), out, model="tiny", source="files", progress=False)
+    (out / name).write_bytes(damage((out / name).read_bytes()))
+    with pytest.raises(SpecdecError, match=f"{name} is damaged .*build the datastore again"):
+        Datastore(out)

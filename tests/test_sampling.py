@@ -127,11 +127,29 @@ def test_invalid_logits():
         ({"min_p": -0.1}, "min_p"),
         ({"min_p": 1.1}, "min_p"),
         ({"seed": 1.5}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": -1}, "seed"),
     ],
 )
 def test_params_validation_names_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("t", [1e-40, 1e-30, 5e-324, 1e-6])
+def test_tiny_temperature_is_the_greedy_limit(t):
+    logits = torch.tensor([[30.0, -5.0, 29.9, 1.0], [2.0, 7.0, 7.0, -1e30], [-50.0, 50.0, 0.0, 3.0]])
+    p = probs_from_logits(logits, SamplingParams(temperature=t))
+    assert torch.isfinite(p).all()
+    assert torch.equal(p, torch.tensor([[1.0, 0, 0, 0], [0, 0.5, 0.5, 0], [0, 1.0, 0, 0]]))  # ties share
+
+
+def test_seed_range():
+    for seed in (0, 2**64 - 1):
+        SamplingParams(seed=seed)
+        make_generator(seed)
+    with pytest.raises(ValueError, match="2\\*\\*64-1"):
+        make_generator(2**64)
 
 
 def test_same_seed_same_tokens():

@@ -61,17 +61,23 @@ def parse_line(d: dict, where: str) -> BenchPrompt:
 
 
 def read_prompts(path: str | Path) -> list[BenchPrompt]:
+    from specdec.options import decode_utf8
+
     path = resolve_prompts(path)
     out = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SpecdecError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-            out.append(parse_line(d, f"{path.name}:{i}"))
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise SpecdecError(f"cannot read the prompts file {path}: {e.strerror}") from None
+    text = decode_utf8(data, f"the prompts file {path}")
+    for i, line in enumerate(text.split("\n"), 1):  # not splitlines: JSON strings may hold U+2028
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SpecdecError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        out.append(parse_line(d, f"{path.name}:{i}"))
     if not out:
         raise SpecdecError(f"{path}: no prompts")
     return out

@@ -204,10 +204,32 @@ def results_markdown(rows: Sequence[dict], meta: dict) -> str:
     return "\n".join(lines)
 
 
+OUTPUTS = ("results.md", "results.json", "speedup.png")
+
+
+def check_out(out: str | Path) -> Path:
+    """Fail now, not after the benchmark, when `out` cannot take the results: it must be a folder (or
+    not exist yet, under a writable folder), and the result files in it must not be folders."""
+    from specdec.errors import SpecdecError
+
+    out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise SpecdecError(f"--out {out} is a file, not a folder: choose a folder for {', '.join(OUTPUTS)}")
+    for name in OUTPUTS:
+        if (out / name).is_dir():
+            raise SpecdecError(f"--out {out}: {out / name} is a folder: choose another --out")
+    parent = next((p for p in [out, *out.parents] if p.exists()), Path("."))
+    if not parent.is_dir():
+        raise SpecdecError(f"--out {out}: {parent} is a file, not a folder: choose another --out")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise SpecdecError(f"--out {out}: {parent} is not writable: choose another --out")
+    return out
+
+
 def write_outputs(out: str | Path, records: Sequence[dict], rows: Sequence[dict], meta: dict) -> dict[str, Path]:
-    out = Path(out)
+    out = check_out(out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = dict(md=out / "results.md", json=out / "results.json", png=out / "speedup.png")
+    paths = dict(zip(("md", "json", "png"), (out / name for name in OUTPUTS)))
     paths["md"].write_text(results_markdown(rows, meta), encoding="utf-8")
     paths["json"].write_text(json.dumps(dict(meta=meta, summary=list(rows), records=list(records)), indent=1),
                              encoding="utf-8")

@@ -67,7 +67,8 @@ def register(sub) -> None:
     p.add_argument("--compare-hf", action="store_true",
                    help="also run transformers' generate: hf-plain, hf-assisted (with --draft), hf-prompt-lookup")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
-    p.add_argument("--out", required=True, metavar="DIR", help="folder for results.md, results.json, speedup.png")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="folder for results.md, results.json, speedup.png (created if needed; checked before the run)")
     p.set_defaults(func=run)
 
 
@@ -99,14 +100,17 @@ def command_line(args) -> str:
 def run(args) -> int:
     from specdec.bench import prompts as P
     from specdec.bench import report, runner
+    from specdec.commands.generate import lookahead_arg
+    from specdec.options import GenerationOptions, check_setup
 
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be at least 1, got {args.limit}")
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    if args.temperature < 0 or not 0 < args.top_p <= 1:
-        raise ValueError("--temperature must be >= 0 and --top-p in (0, 1]")
+    GenerationOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                      seed=args.seed, k=args.k)  # the same checks as generate, before anything loads
     methods = runner.parse_methods(args.methods)
+    for method in methods:
+        check_setup(draft=args.draft, lookahead=lookahead_arg(args), method=method)
+    report.check_out(args.out)
     cats = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     prompts = P.load_prompts(args.prompts, cats, args.limit)
 
@@ -115,8 +119,6 @@ def run(args) -> int:
 
     if args.draft:
         resolve(args.draft, pull=True)  # an unknown draft model fails now, not after loading the target
-    from specdec.commands.generate import lookahead_arg
-
     llm = LLM(args.model, dtype=args.dtype, draft=args.draft, datastore=args.datastore,
               lookahead=lookahead_arg(args))
     dtype = str(llm.dtype).replace("torch.", "")

@@ -17,6 +17,8 @@ DEFAULT_MAX_TOKENS = 16_000_000   # ShareGPT holds ~22M tokens; 16M build in abo
 
 
 def register(subparsers) -> None:
+    from specdec.datastore import DEPTH, MAX_DEPTH
+
     p = subparsers.add_parser(
         "datastore",
         help="build or inspect a retrieval datastore (method 'retrieval')",
@@ -50,10 +52,11 @@ def register(subparsers) -> None:
     b.add_argument("--max-tokens", type=int, metavar="N", default=None,
                    help=f"stop after N tokens (default {DEFAULT_MAX_TOKENS:,} for sharegpt, no limit for files; "
                         "0 = no limit)")
-    b.add_argument("--depth", type=int, default=32,
-                   help="sort suffixes by their first DEPTH tokens: a lookup matches at most DEPTH context "
-                        "tokens (default 32; the drafter uses up to 16)")
-    b.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    b.add_argument("--depth", type=int, default=DEPTH,
+                   help=f"sort suffixes by their first DEPTH tokens, 2 to {MAX_DEPTH}: a lookup matches at most "
+                        f"DEPTH context tokens (default {DEPTH}; the drafter uses up to 16)")
+    b.add_argument("--force", action="store_true",
+                   help="replace DIR if it is a datastore (never a file, another folder, or one holding an input)")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.add_argument("--json", action="store_true", help="print the datastore's metadata as JSON")
     b.set_defaults(func=run_build)
@@ -75,15 +78,13 @@ def run_build(args) -> int:
         raise SpecdecError("--limit-docs must be a positive number")
     if args.max_tokens is not None and args.max_tokens < 0:
         raise SpecdecError("--max-tokens must be >= 0 (0 = no limit)")
-    if args.depth < 2:
-        raise SpecdecError("--depth must be at least 2")
+    dsm.check_depth(args.depth)
     sharegpt = args.sources == ["sharegpt"]
     if "sharegpt" in args.sources and not sharegpt:
         raise SpecdecError("--from sharegpt cannot be combined with files")
     source = "sharegpt" if sharegpt else "files"
     out = Path(args.out).expanduser() if args.out else dsm.default_dir(args.model, source)
-    if out.exists() and not args.force:
-        raise SpecdecError(f"{out} already exists: pass --force to replace it, or choose another --out")
+    dsm.check_out(out, args.force, inputs=[] if sharegpt else args.sources)
     max_tokens = args.max_tokens if args.max_tokens is not None else (DEFAULT_MAX_TOKENS if sharegpt else 0)
     max_tokens = max_tokens or None
     t0 = time.time()

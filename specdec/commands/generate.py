@@ -21,11 +21,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling (all applied inside the target distribution p)")
     g.add_argument("--max-new-tokens", type=int, default=128, help="token limit (default 128)")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (default); as T nears 0, sampling nears greedy (ties share the probability)")
     g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1 = off)")
     g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability (0 = off)")
-    g.add_argument("--seed", type=int, default=None, help="random seed: same seed, same output")
+    g.add_argument("--seed", type=int, default=None, help="random seed 0..2**64-1: same seed, same output")
     g.add_argument("--stop", action="append", default=[], metavar="STR",
                    help="stop string (repeatable); the text ends before it")
 
@@ -69,9 +70,18 @@ def add_lookahead_args(p: argparse.ArgumentParser) -> None:
 
 
 def lookahead_arg(args):
-    """LLM(lookahead=...): 'auto', or (W, N, G, pool) with None where auto decides."""
-    given = (args.window, args.ngram, args.guesses)
-    return "auto" if given == (None, None, None) and args.pool else (*given, args.pool)
+    """LLM(lookahead=...): a LookaheadConfig, None where the probe's budget decides."""
+    from specdec.options import LookaheadConfig
+
+    return LookaheadConfig(args.window, args.ngram, args.guesses, args.pool)
+
+
+def read_prompt(arg: str) -> str:
+    """The prompt argument, or standard input for '-' (read as bytes, so that bad UTF-8 is one clear line)."""
+    from specdec.options import check_text, decode_utf8
+
+    text = decode_utf8(sys.stdin.buffer.read(), "standard input") if arg == "-" else arg
+    return check_text(text)
 
 
 def parse_k(value: str):
@@ -89,7 +99,7 @@ def parse_k(value: str):
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate a completion for a prompt",
                        description="Generate a completion, streaming text as it is committed.")
-    p.add_argument("prompt", help="the prompt text ('-' reads standard input)")
+    p.add_argument("prompt", help="the prompt text, UTF-8 and not blank ('-' reads standard input)")
     add_model_args(p)
     add_method_args(p)
     add_lookahead_args(p)
@@ -103,14 +113,20 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from specdec.api import LLM
+    from specdec.options import GenerationOptions, check_setup
 
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    llm = LLM(args.model, dtype=args.dtype, draft=args.draft, datastore=args.datastore,
-              exit_layer=args.exit_layer, sources=args.sources, lookahead=lookahead_arg(args))
+    # everything the user typed is checked before the model loads (seconds)
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop, chat=args.chat,
                   method=args.method, k=args.k)
+    GenerationOptions(**kwargs)
+    setup = dict(draft=args.draft, exit_layer=args.exit_layer, sources=args.sources, lookahead=lookahead_arg(args))
+    check_setup(**setup, method=args.method)
+    prompt = read_prompt(args.prompt)
+
+    from specdec.api import LLM
+
+    llm = LLM(args.model, dtype=args.dtype, datastore=args.datastore, **setup)
     result = None
     for chunk in llm.chunks(prompt, **kwargs):
         if not args.json and chunk.text:

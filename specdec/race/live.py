@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from specdec.errors import SpecdecError
+from specdec.options import GenerationOptions, check_exit_layer, check_prompt, check_setup
 
 RESULT_FIELDS = ("new_tokens", "seconds", "tokens_per_s", "prefill_seconds", "target_forwards", "mean_accepted",
                  "acceptance_rate", "drafted", "accepted", "finish_reason", "text")
@@ -113,9 +114,19 @@ class LiveRunner:
     def __init__(self, model: str, *, dtype: str | None = None, draft: str | None = None,
                  datastore: str | None = None, exit_layer: int | str = "auto", sources: str | None = None,
                  keep: int = 8):
+        """Checks the settings now (SpecdecError), so that a bad one stops the server at start-up."""
+        sources = sources or ("prompt-lookup,draft" if draft else "prompt-lookup,early-exit")
+        check_setup(draft=draft, sources=sources, exit_layer=exit_layer)
+        check_model(model)
+        if draft is not None:
+            try:
+                check_model(draft)
+            except SpecdecError as e:
+                raise SpecdecError(f"draft model: {e}") from None
+        check_exit_layer(exit_layer, local_layers(model))
         self.model, self.dtype, self.draft, self.datastore = model, dtype, draft, datastore
         self.exit_layer = exit_layer
-        self.sources = sources or ("prompt-lookup,draft" if draft else "prompt-lookup,early-exit")
+        self.sources = sources
         self._llm = None
         self._llm_name: str | None = None
         self._lock = threading.Lock()
@@ -127,16 +138,16 @@ class LiveRunner:
 
     # --- model and methods -------------------------------------------------------------------
     def llm(self, name: str | None = None):
-        """The cached LLM for `name` (default: the server's model); loading another model replaces it."""
+        """The cached LLM for `name` (default: the server's model); another model replaces it once it has
+        loaded (a failed load leaves the old one in place)."""
         from specdec.api import LLM
 
         name = name or self.model
         with self._load_lock:
             if self._llm is None or self._llm_name != name:
-                self._llm = None  # free the old one first: two models may not fit
-                self._llm = LLM(name, dtype=self.dtype, draft=self.draft, datastore=self.datastore,
-                                exit_layer=self.exit_layer, sources=self.sources)
-                self._llm_name = name
+                llm = LLM(name, dtype=self.dtype, draft=self.draft, datastore=self.datastore,
+                          exit_layer=self.exit_layer, sources=self.sources)
+                self._llm, self._llm_name = llm, name
             return self._llm
 
     def preload(self) -> None:
@@ -179,10 +190,9 @@ class LiveRunner:
 
     # --- races ------------------------------------------------------------------------------------
     def start(self, request: LiveRequest) -> Race:
-        from specdec import drafters
-
-        if request.method not in drafters.METHODS:
-            raise ValueError(f"unknown method {request.method!r}: choose one of {', '.join(drafters.METHODS)}")
+        GenerationOptions(max_new_tokens=request.max_new_tokens, temperature=request.temperature,
+                          seed=request.seed, method=request.method, k=request.k)
+        check_prompt(request.prompt)
         if request.method == "plain":
             raise ValueError("pick a speculative method: the plain lane always runs first, to race against it")
         ok, note = self.availability(request.method)
@@ -259,6 +269,22 @@ class LiveRunner:
                 close()
         trace.text = token_texts(llm.tokenizer, trace.ids)
         return trace
+
+
+def local_layers(name: str) -> int | None:
+    """The layer count of a model already on disk (a pulled known model or a Hugging Face folder), else None."""
+    import json
+    from pathlib import Path
+
+    from specdec.store import resolve
+
+    if name.lower().endswith(".gguf"):
+        return None  # converting it would take minutes: the exit layer is checked when it loads
+    try:
+        config = json.loads((Path(resolve(name, pull=False)) / "config.json").read_text())
+        return int(config["num_hidden_layers"])
+    except (SpecdecError, OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def check_model(name: str) -> None:

@@ -30,7 +30,8 @@ from starlette.exceptions import HTTPException
 from specdec import theory
 from specdec.errors import SpecdecError
 from specdec.race import sim
-from specdec.race.live import Busy, LiveRequest, LiveRunner, check_model
+from specdec.sampling import SEED_MAX
+from specdec.race.live import Busy, LiveRequest, LiveRunner
 
 STATIC = Path(__file__).with_name("static")
 OCCUPANCY_MAX = 200  # the race's B control (Ch. 7's examples reach 140; past 156 is the point)
@@ -61,7 +62,7 @@ class LiveBody(Body):
     k: Any = Field("auto", description="draft length 0..64, or 'auto'")
     max_new_tokens: int = Field(64, ge=1, le=1024)
     temperature: float = Field(0.0, ge=0, le=5)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(None, ge=0, le=SEED_MAX)
     model: str | None = Field(None, min_length=1, description="default: the server's model")
 
     @field_validator("k")
@@ -102,9 +103,7 @@ def create_app(model: str | None = "smollm2-135m", *, dtype: str | None = None, 
                preload: bool = True) -> FastAPI:
     """The race app. `model` (a known name, a Hugging Face folder or a .gguf file) serves the live
     race, loaded in the background at startup when `preload`; None leaves only the simulation and the
-    widgets."""
-    if model is not None:
-        check_model(model)
+    widgets. Bad settings (an unknown draft model, hybrid source or exit layer) raise SpecdecError now."""
     runner = LiveRunner(model, dtype=dtype, draft=draft, datastore=datastore, exit_layer=exit_layer,
                         sources=sources) if model else None
 

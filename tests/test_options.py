@@ -1,0 +1,143 @@
+"""Options and prompts are checked in one place (specdec.options) with one error type, and `specdec.LLM`
+applies them: a stop string is one string, bools are not counts, bytes and bad token ids are refused."""
+
+import pytest
+
+from specdec.errors import SpecdecError
+from specdec.options import (GenerationOptions, LookaheadConfig, OptionError, check_exit_layer, check_prompt,
+                             check_setup, check_sources)
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    from specdec import LLM
+    from tests.tiny import save_tiny
+
+    return LLM(str(save_tiny("llama", tmp_path_factory.mktemp("options"))), dtype="fp32")
+
+
+def test_one_error_type_for_users():
+    assert issubclass(OptionError, SpecdecError) and issubclass(OptionError, ValueError)
+
+
+def test_stop_is_one_string_and_none_is_no_stop():
+    assert GenerationOptions(stop="END").stop == ("END",)
+    assert GenerationOptions(stop=None).stop == ()
+    assert GenerationOptions(stop=["a", "bc"]).request.stop == ("a", "bc")
+    assert GenerationOptions(stop="\n\n").stop == ("\n\n",)  # whitespace is a fine stop string
+    for bad in ([""], [3], 3, ["a\udcff"]):
+        with pytest.raises(OptionError, match="stop"):
+            GenerationOptions(stop=bad)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(max_new_tokens=True), "max_new_tokens"), (dict(k=True), "k must"), (dict(k=-1), "k must"),
+    (dict(top_k=False), "top_k"), (dict(seed=2**64), "2\\*\\*64-1"), (dict(seed=-1), "seed"),
+    (dict(seed=True), "seed"), (dict(method="telepathy"), "unknown method"), (dict(chat="yes"), "chat"),
+    (dict(temperature=float("nan")), "temperature"), (dict(top_p=0), "top_p"),
+])
+def test_bad_options(kwargs, words):
+    with pytest.raises(OptionError, match=words):
+        GenerationOptions(**kwargs)
+
+
+def test_seed_range_edges():
+    GenerationOptions(seed=0)
+    GenerationOptions(seed=2**64 - 1)
+
+
+@pytest.mark.parametrize("prompt, words", [
+    ("", "empty"), (" \n\t", "empty"), ("a\udcffb", "UTF-8"), (b"hi", "bytes"), ([], "empty"),
+    ([1, True], "bools"), ([1.5], "integer token ids"), (None, "text or a sequence"),
+])
+def test_bad_prompts(prompt, words):
+    with pytest.raises(OptionError, match=words):
+        check_prompt(prompt)
+
+
+def test_token_ids_inside_the_vocabulary():
+    assert check_prompt((1, 2, 95), vocab_size=96) == [1, 2, 95]
+    for ids in ([96], [-1]):
+        with pytest.raises(OptionError, match="outside the model's vocabulary"):
+            check_prompt(ids, vocab_size=96)
+
+
+def test_setup_checks():
+    assert check_sources("prompt-lookup, draft") == ["prompt-lookup", "draft"]
+    with pytest.raises(OptionError, match="unknown hybrid source 'nosuch'"):
+        check_sources("prompt-lookup,nosuch")
+    with pytest.raises(OptionError, match="unknown hybrid source 'plain'"):
+        check_sources(["plain"])
+    assert check_exit_layer("3") == 3 and check_exit_layer("auto") == "auto"
+    for bad in ("x", 0, True, "-1"):
+        with pytest.raises(OptionError, match="exit layer"):
+            check_exit_layer(bad)
+    with pytest.raises(OptionError, match="1..3"):
+        check_exit_layer(4, layers=3)
+    with pytest.raises(OptionError, match="--draft"):
+        check_setup(method="draft")
+    with pytest.raises(OptionError, match="--draft"):
+        check_setup(method="hybrid")  # the default sources use a draft model
+    check_setup(method="hybrid", sources="prompt-lookup,lookahead")
+
+
+def test_lookahead_config():
+    import specdec
+
+    assert specdec.LookaheadConfig is LookaheadConfig
+    assert LookaheadConfig.of("auto") == LookaheadConfig() and LookaheadConfig().auto
+    assert LookaheadConfig.of((3, 4, 3)) == LookaheadConfig(3, 4, 3, True)
+    assert not LookaheadConfig.of((3, 4, 3, False)).pool and not LookaheadConfig(3, 4, 3).auto
+    for bad in (dict(window=-1), dict(ngram=1), dict(guesses=0), dict(window=True), dict(pool="no")):
+        with pytest.raises(OptionError, match="lookahead"):
+            LookaheadConfig(**bad)
+    with pytest.raises(OptionError, match="LookaheadConfig"):
+        LookaheadConfig.of([3, 4, 3])
+
+
+# --- the API -------------------------------------------------------------------------------------
+
+def test_api_stop_string_is_not_its_characters(llm):
+    free = llm.generate("hello", chat=False, max_new_tokens=16)
+    char = free.text.strip()[0]
+    # "c" + text the model never writes: split into characters it would stop at once
+    r = llm.generate("hello", chat=False, max_new_tokens=16, stop=char + "\x7f\x7f")
+    assert r.text == free.text and r.token_ids == free.token_ids
+    assert llm.generate("hello", chat=False, max_new_tokens=16, stop=char).text == free.text[:free.text.index(char)]
+    assert llm.generate("hello", chat=False, max_new_tokens=16, stop=None).text == free.text
+
+
+@pytest.mark.parametrize("prompt, kwargs, words", [
+    ("a\udcffb", {}, "UTF-8"), (b"hi", {}, "bytes"), ([5, 10**6], {}, "vocabulary"), ([5, -3], {}, "vocabulary"),
+    ("hi", dict(max_new_tokens=True), "max_new_tokens"), ("hi", dict(k=True, method="prompt-lookup"), "k must"),
+    ("   ", {}, "empty"), ("hi", dict(stop=[""]), "stop"),
+])
+def test_api_refuses_with_one_error(llm, prompt, kwargs, words):
+    with pytest.raises(OptionError, match=words):
+        llm.generate(prompt, **kwargs)
+    with pytest.raises(OptionError, match=words):
+        next(llm.stream(prompt, **kwargs))
+
+
+def test_api_lookahead_config_and_tuple(llm, tmp_path_factory):
+    from specdec import LLM
+
+    plain = llm.generate("abcabcabc", chat=False, max_new_tokens=12)
+    for config in (LookaheadConfig(2, 3, 2), (2, 3, 2), (2, 3, 2, False)):
+        other = LLM(str(llm.folder), dtype="fp32", lookahead=config)
+        r = other.generate("abcabcabc", chat=False, max_new_tokens=12, method="lookahead")
+        assert r.token_ids == plain.token_ids
+    with pytest.raises(OptionError, match="lookahead ngram"):
+        LLM(str(llm.folder), lookahead=(2, 1, 2))
+
+
+def test_api_checks_settings_before_loading(monkeypatch, llm):
+    from specdec import LLM, api
+
+    def load(*a, **k):
+        raise AssertionError("loaded before checking")
+
+    monkeypatch.setattr(api, "load_transformer", load)
+    for kwargs in (dict(sources="nosuch"), dict(exit_layer="x"), dict(lookahead=(1, 1, 1))):
+        with pytest.raises(OptionError):
+            LLM(str(llm.folder), **kwargs)
