@@ -117,7 +117,7 @@ def test_markdown_table_and_outputs(tmp_path):
     lines = table.splitlines()
     assert lines[0].startswith("| category | method |") and "× hf-plain" in lines[0]
     assert len(lines) == 2 + len(rows)
-    assert "| a | prompt-lookup | 2 | 20 | 10.0 | 10.0 | 3.00× | 3.00× | 4.00× | 2.50 | 0.50 | ok |" in table
+    assert "| a | prompt-lookup | 2 | 20 | 10.0 | 10.0 | 3.00× | 3.00× | 4.00× | – | 2.50 | 0.50 | ok |" in table
     assert "**1 MISMATCH** (1 near-tie)" in table and "| ref |" in table
     assert "**all**" in table
     meta = dict(command="specdec bench --x", date=report.now(), machine=report.machine_info(), model="m",
@@ -245,3 +245,47 @@ def test_bench_draft_model_hf_assisted_and_sampling(tiny_llama, tmp_path, capsys
     data = json.loads((tmp_path / "sampled" / "results.json").read_text())
     assert all(r["mismatch"] is None and 0 < r["new_tokens"] <= 6 for r in data["records"])
     assert "| ref |" not in out.split("| category |")[-1]  # no greedy check when sampling
+
+
+# --- llama.cpp comparison (the runner is tested with a stand-in; llama-cpp-python is an optional extra) ------
+def test_outside_runner_is_not_held_to_plain_tokens(tiny_llama):
+    from specdec.api import LLM
+    from specdec.bench.runner import BenchSettings, our_methods, run_bench
+
+    class Outside:  # another engine at another precision: its tokens differ and that is no mismatch
+        name, hf, checked = "llamacpp-plain", True, False
+
+        def generate(self, ids, max_new_tokens=None):
+            from specdec.bench.runner import _record
+            return _record(self.name, ids, [5, 6], 0.5, "xy", target_forwards=2, mean_accepted=1.0)
+
+    llm = LLM(str(tiny_llama), dtype="fp32")
+    settings = BenchSettings(max_new_tokens=4)
+    prompts = [P.BenchPrompt(category="chat", id="1", turns=["hi"])]
+    recs = run_bench(llm, prompts, our_methods(llm, ["plain"], settings) + [Outside()], settings, progress=False)
+    outside = recs[1]
+    assert outside["mismatch"] is None and outside["checked"] is False and outside["token_ids"] != recs[0]["token_ids"]
+    rows = report.summarize(recs)
+    row = next(r for r in rows if r["method"] == "llamacpp-plain")
+    assert report.greedy_cell(row, True) == "–"
+    assert row["speedup_vs_llamacpp_plain"] == pytest.approx(1.0)
+    assert "× llama.cpp" in report.markdown_table(rows)
+
+
+def test_llamacpp_errors(tiny_llama, tmp_path, monkeypatch, capsys):
+    from specdec.bench.llamacpp import gguf_for
+
+    with pytest.raises(SpecdecError, match="--llamacpp-gguf FILE"):
+        gguf_for(tiny_llama)
+    with pytest.raises(SpecdecError, match="no such file"):
+        gguf_for(tiny_llama, str(tmp_path / "none.gguf"))
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    assert gguf_for(tmp_path) == tmp_path / "m.gguf"
+    monkeypatch.setitem(__import__("sys").modules, "llama_cpp", None)  # not installed
+    args = ["bench", "--model", str(tiny_llama), "--prompts", "spec-bench", "--limit", "1", "--dtype", "fp32",
+            "--compare-llamacpp", "--llamacpp-gguf", str(tmp_path / "m.gguf"), "--no-progress", "--out",
+            str(tmp_path / "o")]
+    assert main(args) == 2
+    assert "pip install -e '.[compare]'" in capsys.readouterr().err
+    assert main(args + ["--temperature", "0.7"]) == 2
+    assert "greedy only" in capsys.readouterr().err

@@ -5,7 +5,7 @@ Per method and category (and "all"):
 - x plain: our plain decoding's total seconds / this method's total seconds on the same prompts
   (the speedup; > 1 is faster); x plain (median): the median over prompt turns of the per-turn
   ratio (robust to one slow turn on a shared machine); x hf-plain: total time against
-  transformers' plain generate;
+  transformers' plain generate; x llama.cpp: against llama.cpp's plain decoding of the same GGUF;
 - accepted/fwd: new tokens / target forwards (mean accepted length, bonus included; 1.0 for plain);
 - alpha: accepted / drafted draft tokens;
 - greedy: "ok" when every generation's token ids equal plain's, else the count of mismatches.
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 ALL = "all"
+OUTSIDE = ("hf-", "llamacpp-")  # other engines' runners
 
 
 def _ordered(values) -> list:
@@ -67,10 +68,12 @@ def summarize(records: Sequence[dict], methods: Sequence[str] | None = None) -> 
                                                  if _key(r) in plain_s and r["seconds"] > 0]),
                 speedup_vs_hf_plain=(totals["hf-plain"] / seconds
                                      if "hf-plain" in totals and totals["hf-plain"] > 0 and seconds > 0 else None),
+                speedup_vs_llamacpp_plain=(totals["llamacpp-plain"] / seconds if totals.get("llamacpp-plain")
+                                           and seconds > 0 else None),
                 mean_accepted=tokens / sum(fwd) if all(f for f in fwd) else None,
                 acceptance_rate=(sum(r["accepted"] for r in rs) / sum(drafted)
                                  if all(d is not None for d in drafted) and sum(drafted) else None),
-                mismatches=len(mism), near_ties=sum(bool(x.get("near_tie")) for x in mism),
+                mismatches=len(mism), checked=all(r.get("checked", True) for r in rs), near_ties=sum(bool(x.get("near_tie")) for x in mism),
             ))
     return rows
 
@@ -84,7 +87,7 @@ def _x(x) -> str:
 
 
 def greedy_cell(row: dict, greedy: bool) -> str:
-    if not greedy:
+    if not greedy or not row.get("checked", True):
         return "–"
     if row["method"] == "plain":
         return "ref"
@@ -96,14 +99,14 @@ def greedy_cell(row: dict, greedy: bool) -> str:
 
 def markdown_table(rows: Sequence[dict], greedy: bool = True) -> str:
     head = ["category", "method", "gens", "tokens", "tok/s median", "tok/s total", "× plain", "× plain (median)",
-            "× hf-plain", "accepted/fwd", "α", "greedy = plain"]
+            "× hf-plain", "× llama.cpp", "accepted/fwd", "α", "greedy = plain"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["--:"] * (len(head) - 3) + [":-:"]) + "|"]
     for r in rows:
         cells = [r["category"], r["method"], str(r["generations"]), str(r["new_tokens"]),
                  _f(r["tokens_per_s_median"], ".1f"), _f(r["tokens_per_s_total"], ".1f"),
                  _x(r["speedup_vs_plain"]),
                  _x(r.get("speedup_vs_plain_median")),
-                 _x(r["speedup_vs_hf_plain"]),
+                 _x(r["speedup_vs_hf_plain"]), _x(r.get("speedup_vs_llamacpp_plain")),
                  _f(r["mean_accepted"], ".2f"), _f(r["acceptance_rate"], ".2f"), greedy_cell(r, greedy)]
         if r["category"] == ALL:
             cells[:2] = [f"**{cells[0]}**", f"**{cells[1]}**"]
@@ -153,8 +156,8 @@ def plot_speedup(rows: Sequence[dict], path: str | Path, title: str = "") -> Pat
             if r and r["speedup_vs_plain"] is not None:
                 xs.append(i - 0.4 + width * (j + 0.5))
                 ys.append(r["speedup_vs_plain"])
-        ax.bar(xs, ys, width, label=m, hatch="//" if m.startswith("hf-") else None,
-                      edgecolor="white" if m.startswith("hf-") else None)
+        ax.bar(xs, ys, width, label=m, hatch="//" if m.startswith(OUTSIDE) else None,
+                      edgecolor="white" if m.startswith(OUTSIDE) else None)
         for x, y in zip(xs, ys):
             ax.text(x, y, f"{y:.2f}", ha="center", va="bottom", fontsize=7)
     ax.axhline(1.0, color="black", lw=0.8, ls="--", label="our plain")

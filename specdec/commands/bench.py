@@ -66,6 +66,12 @@ def register(sub) -> None:
     add_lookahead_args(p)
     p.add_argument("--compare-hf", action="store_true",
                    help="also run transformers' generate: hf-plain, hf-assisted (with --draft), hf-prompt-lookup")
+    p.add_argument("--compare-llamacpp", action="store_true",
+                   help="also run llama.cpp (pip install -e '.[compare]') on the model's own GGUF file, greedy, "
+                        "same threads: llamacpp-plain and llamacpp-prompt-lookup (LlamaPromptLookupDecoding); "
+                        "every speedup is also given against llamacpp-plain")
+    p.add_argument("--llamacpp-gguf", metavar="FILE", default=None,
+                   help="the GGUF file llama.cpp loads (default: the one `specdec pull` kept in the store)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     p.add_argument("--out", required=True, metavar="DIR",
                    help="folder for results.md, results.json, speedup.png (created if needed; checked before the run)")
@@ -94,6 +100,10 @@ def command_line(args) -> str:
               "--top-p", str(args.top_p), "--seed", str(args.seed), "--dtype", args.dtype, "--k", str(args.k)]
     if args.compare_hf:
         parts.append("--compare-hf")
+    if args.compare_llamacpp:
+        parts.append("--compare-llamacpp")
+    if args.llamacpp_gguf:
+        parts += ["--llamacpp-gguf", args.llamacpp_gguf]
     return shlex.join(parts + ["--out", args.out])
 
 
@@ -107,6 +117,8 @@ def run(args) -> int:
         raise ValueError(f"--limit must be at least 1, got {args.limit}")
     GenerationOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                       seed=args.seed, k=args.k)  # the same checks as generate, before anything loads
+    if args.compare_llamacpp and args.temperature > 0:
+        raise ValueError("--compare-llamacpp runs greedy only: drop --temperature")
     methods = runner.parse_methods(args.methods)
     for method in methods:
         check_setup(draft=args.draft, lookahead=lookahead_arg(args), method=method)
@@ -127,6 +139,10 @@ def run(args) -> int:
     runners = runner.our_methods(llm, methods, settings)
     if args.compare_hf:
         runners += runner.hf_methods(llm, settings, args.draft)
+    if args.compare_llamacpp:
+        from specdec.bench.llamacpp import llamacpp_methods
+
+        runners += llamacpp_methods(llm, settings, args.llamacpp_gguf)
     mismatches: list[str] = []
 
     def say(line: str) -> None:

@@ -1,0 +1,97 @@
+"""llama.cpp on the same GGUF file, as benchmark runners beside ours (`specdec bench --compare-llamacpp`).
+
+CPU users run these very files in llama.cpp at their stored precision; that is the speed this engine is held
+to. Two runners, greedy, on the prompt ids our methods get, with the same thread count:
+
+- `llamacpp-plain`: `Llama.generate` one token per step (llama.cpp's plain decoding);
+- `llamacpp-prompt-lookup`: the same with `LlamaPromptLookupDecoding(num_pred_tokens=10)` as its draft model
+  (llama-cpp-python's prompt-lookup speculation).
+
+Each generation starts from an empty KV cache (`reset=True`) so prefill is timed like ours. Their tokens are
+not checked against our plain decoding's: llama.cpp quantizes activations to 8 bits, so near-ties may differ.
+
+    pip install -e '.[compare]'       # builds llama-cpp-python (about 10 minutes on 2 cores)
+    specdec bench --model qwen2.5-coder-1.5b --prompts humanevalfix --compare-llamacpp --out out/ll
+
+The GGUF is the model's own file (kept in the store by `specdec pull`) or `--llamacpp-gguf FILE`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+from specdec.errors import SpecdecError
+
+PROMPT_LOOKUP_TOKENS = 10
+
+
+def gguf_for(folder: Path, explicit: str | None = None) -> Path:
+    """The GGUF file llama.cpp should load for the model in `folder` (or `explicit`)."""
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise SpecdecError(f"--llamacpp-gguf {explicit}: no such file")
+        return path
+    found = sorted(Path(folder).glob("*.gguf"))
+    if not found:
+        raise SpecdecError(f"{folder} keeps no .gguf file for llama.cpp: pass --llamacpp-gguf FILE "
+                           f"(the model's GGUF)")
+    return found[0]
+
+
+def _llama_cpp():
+    try:
+        import llama_cpp
+    except ImportError:
+        raise SpecdecError("--compare-llamacpp needs llama-cpp-python: pip install -e '.[compare]' "
+                           "(builds llama.cpp, about 10 minutes on 2 cores)") from None
+    return llama_cpp
+
+
+class LlamaCppMethod:
+    """llama.cpp's greedy decoding (plain, or with its prompt-lookup draft) on the same prompt ids."""
+
+    hf = True        # an outside baseline (hatched in charts)
+    checked = False  # not held to our plain decoding's tokens (other activation precision)
+
+    def __init__(self, name: str, gguf: Path, tokenizer, settings, threads: int, n_ctx: int, draft=None):
+        llama_cpp = _llama_cpp()
+        if not settings.greedy:
+            raise SpecdecError("--compare-llamacpp runs greedy only: drop --temperature")
+        self.name, self.tok, self.settings = name, tokenizer, settings
+        self.model = llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                                     n_batch=512, draft_model=draft, verbose=False, logits_all=False)
+
+    def generate(self, ids: Sequence[int], max_new_tokens: int | None = None) -> dict:
+        from specdec.bench.runner import _record
+
+        limit = max_new_tokens or self.settings.max_new_tokens
+        new: list[int] = []
+        t0 = time.perf_counter()
+        for token in self.model.generate(list(ids), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
+                                         reset=True):
+            new.append(int(token))
+            if token in self.tok.eos_ids or len(new) >= limit:
+                break
+        seconds = time.perf_counter() - t0
+        finish = "stop" if new and new[-1] in self.tok.eos_ids else "length"
+        return _record(self.name, ids, new, seconds, self.tok.decode(new), finish_reason=finish,
+                       target_forwards=len(new) if self.name == "llamacpp-plain" else None,
+                       mean_accepted=1.0 if self.name == "llamacpp-plain" else None)
+
+
+def llamacpp_methods(llm, settings, gguf: str | None = None) -> list[LlamaCppMethod]:
+    """llamacpp-plain and llamacpp-prompt-lookup on the GGUF of llm's model, torch's thread count."""
+    import torch
+
+    path = gguf_for(llm.folder, gguf)
+    _llama_cpp()
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    threads = torch.get_num_threads()
+    n_ctx = min(llm.model.cfg.max_position_embeddings, 8192)
+    lookup = LlamaPromptLookupDecoding(num_pred_tokens=PROMPT_LOOKUP_TOKENS)
+    return [LlamaCppMethod("llamacpp-plain", path, llm.tokenizer, settings, threads, n_ctx),
+            LlamaCppMethod("llamacpp-prompt-lookup", path, llm.tokenizer, settings, threads, n_ctx, draft=lookup)]
