@@ -236,3 +236,32 @@ def test_ctrl_c_exits_cleanly(tiny):
         assert "127.0.0.1" in proc.stderr.read()
     finally:
         proc.kill()
+
+
+def test_loadtest_against_a_live_server(tiny, live, tmp_path):
+    from specdec.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"category": "t", "question_id": i, "turns": [p]})
+                                 for i, p in enumerate(PROMPTS)) + "\n")
+    assert main(["loadtest", "--url", live.url, "--concurrency", "1,3", "--requests", "5", "--prompts", str(prompts),
+                 "--max-tokens", "8", "--out", str(tmp_path / "lt")]) == 0
+    d = json.loads((tmp_path / "lt" / "loadtest.json").read_text())
+    assert d["model"] == tiny[0] and [lv["concurrency"] for lv in d["levels"]] == [1, 3]
+    for lv in d["levels"]:
+        assert lv["errors"] == 0 and lv["completed"] == 5 and lv["tokens"] > 0 and lv["ttft_p50"] > 0
+    assert "| - | 3 | 5/5 | 0 |" in (tmp_path / "lt" / "loadtest.md").read_text()
+    assert main(["loadtest", "--url", "http://10.0.0.1:8000", "--prompts", str(prompts)]) == 2  # loopback only
+
+
+def test_loadtest_starts_its_own_servers(tiny, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"turns": ["abcabc"]}) + "\n")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-m", "specdec.cli", "loadtest", "--serve", "never,auto", "--model", tiny[0],
+                          "--dtype", "fp32", "--budget", "4", "--concurrency", "2", "--requests", "2",
+                          "--prompts", str(prompts), "--max-tokens", "4", "--out", str(tmp_path / "lt")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    levels = json.loads((tmp_path / "lt" / "loadtest.json").read_text())["levels"]
+    assert [(lv["mode"], lv["errors"], lv["completed"]) for lv in levels] == [("never", 0, 2), ("auto", 0, 2)]
