@@ -265,3 +265,29 @@ def test_loadtest_starts_its_own_servers(tiny, tmp_path):
     assert out.returncode == 0, out.stderr
     levels = json.loads((tmp_path / "lt" / "loadtest.json").read_text())["levels"]
     assert [(lv["mode"], lv["errors"], lv["completed"]) for lv in levels] == [("never", 0, 2), ("auto", 0, 2)]
+
+
+def test_dashboard_page_in_a_browser(tiny, client, live, tmp_path):
+    """The live page reads /metrics in headless chromium: cards, realized alpha and latency split filled in."""
+    from tests.test_race_browser import CHROMIUM_ARGS, chromium  # skips with SPECDEC_SKIP_BROWSER=1
+
+    from playwright.sync_api import sync_playwright
+
+    for p in PROMPTS[:3]:
+        client.completions.create(model=tiny[0], prompt=p, max_tokens=12, temperature=0)
+    errors = []
+    with sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=chromium(),
+                                                    headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = ctx.new_page()
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(live.url + "/dashboard")
+            page.wait_for_function("document.getElementById('status').textContent.startsWith('updated')",
+                                   timeout=20_000)
+            cards = page.inner_text("#cards")
+            assert "budget (positions)\n6" in cards and "steps past the budget" in cards
+            assert "prompt-lookup" in page.inner_text("#alpha") and "not speculating" in page.inner_text("#latency")
+        finally:
+            ctx.close()
+    assert not errors

@@ -5,6 +5,7 @@
     GET  /v1/models             the one model served
     GET  /health                {"status": "ok", "running": R, "waiting": W}
     GET  /metrics               the lesson's dashboard signals, Prometheus text (specdec.serving.metrics)
+    GET  /dashboard             a live page of those signals (static/dashboard.html reads /metrics)
 
 Sampling fields: max_tokens, temperature (OpenAI's default 1; 0 = greedy), top_p, top_k, min_p, seed, stop
 (a string or up to 4), n = 1, stream, stream_options.include_usage; every response carries `usage`.
@@ -26,11 +27,12 @@ import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
@@ -40,6 +42,7 @@ from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
 from specdec.serving.engine import Engine, Event, Job
 
+DASHBOARD = Path(__file__).with_name("static") / "dashboard.html"
 CHAT_MAX_TOKENS = 512  # a chat request without max_tokens: up to this many, within the context
 
 
@@ -261,6 +264,10 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
     @app.get("/metrics")
     async def metrics():
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/dashboard")
+    async def dashboard():
+        return FileResponse(DASHBOARD)
 
     return app
 
