@@ -177,7 +177,7 @@ class Engine:
             gone = [j for j in self.waiting if j.cancelled]
             self.waiting = deque(j for j in self.waiting if not j.cancelled)
         for job in gone:
-            job.on_event(Event("", [], "cancelled", len(job.prompt_ids)))
+            self._emit(job, Event("", [], "cancelled", len(job.prompt_ids)))
             self.metrics.finished("cancelled")
 
     def _step(self) -> None:
@@ -252,13 +252,21 @@ class Engine:
         if done:
             self._finish(slot, slot.stopper.finish_reason, committed)
         else:
-            slot.job.on_event(Event(slot.stopper.new_text(), committed))
+            self._emit(slot.job, Event(slot.stopper.new_text(), committed))
         return len(committed)
 
     def _finish(self, slot: Slot, reason: str, tokens: list[int] = (), error: str | None = None) -> None:
         text = slot.stopper.new_text() if reason in ("stop", "length") else ""
-        slot.job.on_event(Event(text, list(tokens), reason, len(slot.job.prompt_ids), len(slot.stopper.ids), error))
+        self._emit(slot.job, Event(text, list(tokens), reason, len(slot.job.prompt_ids), len(slot.stopper.ids), error))
         self.metrics.finished(reason)
+
+    @staticmethod
+    def _emit(job: Job, event: Event) -> None:
+        """Hand an event to the job's listener; a listener that fails (its client is gone) cancels the job."""
+        try:
+            job.on_event(event)
+        except Exception:  # noqa: BLE001 - whatever the listener raises, the engine keeps serving the others
+            job.cancel()
 
     # --- the serving thread ---------------------------------------------------------------------
     def serve(self, stop: threading.Event) -> None:

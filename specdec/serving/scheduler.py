@@ -5,18 +5,22 @@ A step over B decoding requests already fills B of the budget's positions (the b
 forward verifies for about the cost of one, `specdec probe`). Each request asks for the k its own
 adaptive-k estimator chooses from its measured acceptance alpha and draft cost tau; a speculating
 request spends k + 1 units of the headroom budget - B, the lesson's accounting
-(`theory.speculation_cost`). When the asks do not fit, headroom goes by priority rather than evenly:
-interactive requests before batch jobs, and within a class the larger predicted gain first; each
-request gets its full k if it fits, else k = 0 for this step (`theory.allocate_headroom`).
+(`theory.speculation_cost`). An ask longer than the whole headroom allows is first shortened to fit
+it (the request's best k within reach: its predicted speedup rises up to its chosen k). When the asks do
+not fit together, headroom goes by priority rather than evenly: interactive requests before batch jobs,
+and within a class the larger predicted gain first; each request gets its full k if it fits, else k = 0
+for this step (`theory.allocate_headroom`).
 
 Worked example (Ch. 7): budget 156, B = 120 -> 36 units; ten interactive requests asking k = 4 (5 units
-each): seven get k = 4 (35 units), the other three and every batch job get k = 0.
+each): seven get k = 4 (35 units), the other three and every batch job get k = 0. A small budget, as a
+CPU's 3: alone (B = 1) a request asking k = 4 gets k = 1; at B = 2 nobody speculates.
 
 Modes: auto (the above), always (every ask granted, budget ignored), never (k = 0: plain batching).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from specdec import theory
@@ -45,6 +49,8 @@ def grant(asks: list[Ask], budget: float, occupancy: float, mode: str = "auto") 
         return {a.name: 0 for a in asks}
     if mode == "always":
         return {a.name: a.k for a in asks}
-    sessions = [theory.Session(a.name, a.k, a.priority == "interactive", a.gain) for a in asks]
-    return theory.allocate_headroom(sessions, max(theory.headroom(budget, occupancy), 0.0))
+    room = max(theory.headroom(budget, occupancy), 0.0)
+    cap = max(math.floor(room + 1e-9) - 1, 0)  # the longest draft whose k + 1 units fit at all
+    sessions = [theory.Session(a.name, min(a.k, cap), a.priority == "interactive", a.gain) for a in asks]
+    return theory.allocate_headroom(sessions, room)
 
