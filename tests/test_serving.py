@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdec import theory
-from specdec.adaptive import AdaptiveK, FixedK
+from specdec.adaptive import AdaptiveK, CostCurve, FixedK
 from specdec.decode import Request, decode
 from specdec.draft import Draft, forward_layout
 from specdec.drafters.base import Drafter
@@ -93,12 +93,13 @@ def run_engine(engine, jobs, join_every=2):
     return events
 
 
-@pytest.mark.parametrize("mode", ["auto", "always", "never"])
-def test_engine_greedy_equals_single_request_decode(tiny, mode):
+@pytest.mark.parametrize("mode, budget", [("auto", 6), ("auto", None), ("always", 6), ("never", 6)])
+def test_engine_greedy_equals_single_request_decode(tiny, mode, budget):
     model, tok = tiny
     ids = [tok.encode(p, chat=False) for p in PROMPTS]
     refs = [reference(model, tok, i, 30, PromptLookup(), AdaptiveK()) for i in ids]
-    engine = Engine(model, tok, budget=6, speculation=mode, max_batch=3, prefill_chunk=16)
+    curve = CostCurve({1: 1.0, 4: 1.1, 8: 1.6, 64: 8.0})  # budget None: this curve decides
+    engine = Engine(model, tok, budget=budget, cost=curve, speculation=mode, max_batch=3, prefill_chunk=16)
     jobs = [Job(i, Request(max_new_tokens=30), method="prompt-lookup" if n % 4 else "plain",
                 priority="batch" if n % 2 else "interactive") for n, i in enumerate(ids)]
     events = run_engine(engine, jobs)
@@ -109,6 +110,8 @@ def test_engine_greedy_equals_single_request_decode(tiny, mode):
         assert ev[-1].finish_reason == ref.finish_reason and ev[-1].completion_tokens == ref.new_tokens
         assert all(e.finish_reason is None for e in ev[:-1])
     assert not engine.running and not engine.waiting
+    drafted = sum(d for d, _ in engine.metrics.totals.values())
+    assert (drafted > 0) == (mode != "never")  # the equality above covered speculative rounds
 
 
 def test_engine_trees_and_fixed_k_equal_decode(tiny):
@@ -202,27 +205,52 @@ def test_a_failing_listener_cancels_only_its_own_job(tiny):
 def test_lesson_allocation_b120():
     """Ch. 7: budget 156, B = 120 -> 36 units; ten interactive sessions asking k = 4 (5 units each):
     seven get k = 4 (35 units), the other three and the batch jobs get k = 0."""
-    asks = [Ask(f"chat-{i}", 4, "interactive", gain=2.0) for i in range(10)]
-    asks += [Ask(f"job-{i}", 4, "batch", gain=3.0) for i in range(5)]  # a larger gain does not jump the class
-    got = grant(asks, budget=156, occupancy=120)
+    asks = [Ask(f"chat-{i}", 4, "interactive", tokens=2.77) for i in range(10)]
+    asks += [Ask(f"job-{i}", 4, "batch", tokens=4.5) for i in range(5)]  # a larger gain does not jump the class
+    got = grant(asks, batch=120, budget=156)
     assert [got[f"chat-{i}"] for i in range(10)] == [4] * 7 + [0] * 3
     assert all(got[f"job-{i}"] == 0 for i in range(5))
     assert 120 + sum(k + 1 for k in got.values() if k) == 155
 
 
 def test_priorities_gain_and_modes():
-    asks = [Ask("a", 4, "interactive", 1.2), Ask("b", 4, "interactive", 1.9), Ask("c", 2, "batch", 1.5)]
-    assert grant(asks, budget=10, occupancy=3) == {"a": 0, "b": 4, "c": 0}  # 7 units: b (larger gain), c does not fit
-    assert grant(asks, budget=14, occupancy=3) == {"a": 4, "b": 4, "c": 0}
-    assert grant(asks, budget=17, occupancy=3) == {"a": 4, "b": 4, "c": 2}
-    assert grant(asks, budget=4, occupancy=8) == {"a": 0, "b": 0, "c": 0}  # past the budget: nobody speculates
-    assert grant(asks, budget=4, occupancy=8, mode="always") == {"a": 4, "b": 4, "c": 2}
-    assert grant(asks, budget=100, occupancy=0, mode="never") == {"a": 0, "b": 0, "c": 0}
+    asks = [Ask("a", 4, "interactive", 2.0), Ask("b", 4, "interactive", 3.5), Ask("c", 2, "batch", 2.5)]
+    assert grant(asks, batch=3, budget=10) == {"a": 0, "b": 4, "c": 0}  # 7 units: b (larger gain), c does not fit
+    assert grant(asks, batch=3, budget=14) == {"a": 4, "b": 4, "c": 0}
+    assert grant(asks, batch=3, budget=17) == {"a": 4, "b": 4, "c": 2}
+    assert grant(asks, batch=2, prefill=10, budget=12) == {"a": 0, "b": 0, "c": 0}  # prefill fills the room too
+    assert grant(asks, batch=8, budget=4) == {"a": 0, "b": 0, "c": 0}  # past the budget: nobody speculates
+    assert grant(asks, batch=8, budget=4, mode="always") == {"a": 4, "b": 4, "c": 2}
+    assert grant(asks, batch=1, budget=100, mode="never") == {"a": 0, "b": 0, "c": 0}
     # an ask longer than the whole headroom is shortened to fit it (a CPU's budget of 3 positions)
-    assert grant([Ask("a", 4)], budget=3, occupancy=1) == {"a": 1}
-    assert grant([Ask("a", 4), Ask("b", 4)], budget=3, occupancy=2) == {"a": 0, "b": 0}
+    assert grant([Ask("a", 4, tokens=3.0)], batch=1, budget=3) == {"a": 1}
+    assert grant([Ask("a", 4, tokens=3.0), Ask("b", 4, tokens=3.0)], batch=2, budget=3) == {"a": 0, "b": 0}
     with pytest.raises(ValueError, match="priority"):
-        grant([Ask("a", 1, "urgent")], 10, 1)
+        grant([Ask("a", 1, "urgent")], 1, budget=10)
+    with pytest.raises(ValueError, match="budget or a cost curve"):
+        grant([Ask("a", 1)], 1)
+
+
+def test_measured_curve_grants_while_throughput_rises():
+    """The docstring's example on a CPU-like curve (Qwen2.5-Coder-1.5B bf16, BENCHMARKS.md's probe):
+    speculation pays alone and beside a few requests, and stops where the curve turns compute-bound."""
+    from specdec.adaptive import CostCurve
+    from specdec.serving.scheduler import extend, line_of
+
+    cpu = extend(CostCurve({1: 1.0, 2: 1.05, 3: 1.04, 4: 1.16, 6: 1.43, 8: 1.54, 16: 2.52, 64: 7.64}))
+    assert line_of(cpu) == 3 and cpu(128) == pytest.approx(15.28)
+    e4 = 1 + 0.8 + 0.8 ** 2 + 0.8 ** 3 + 0.8 ** 4  # 3.36
+    assert grant([Ask("a", 4, tokens=e4)], batch=1, cost=cpu) == {"a": 4}
+    assert grant([Ask("a", 4, tokens=1.2)], batch=1, cost=cpu) == {"a": 0}  # 1.2 tokens for 1.3 steps
+    asks = [Ask(str(i), 4, tokens=e4) for i in range(4)]
+    assert all(grant(asks, batch=4, cost=cpu).values())  # B = 4: each grant still raises the throughput
+    assert not any(grant(asks, batch=8, cost=cpu).values())  # B = 8: 10.4 tokens / 2.03 < 8 / 1.54
+    assert not any(grant(asks * 4, batch=32, cost=cpu).values())  # far past the line: nobody
+    # B = 7: room for one more grant; the interactive request gets it, although the batch job asked first
+    both = [Ask("job", 4, "batch", tokens=e4), Ask("chat", 4, "interactive", tokens=e4)]
+    assert grant(both, batch=7, cost=cpu) == {"job": 0, "chat": 4}
+    slow = [Ask("a", 4, tokens=e4, tau=0.6)]  # 3.36 tokens in 1.3 + 4 x 0.6 steps: slower than plain
+    assert grant(slow, batch=1, cost=cpu) == {"a": 0}
 
 
 def test_never_over_budget_property():
@@ -230,9 +258,9 @@ def test_never_over_budget_property():
     for _ in range(2000):
         budget = rng.randint(1, 200)
         occupancy = rng.randint(0, 220)
-        asks = [Ask(str(i), rng.randint(1, 10), rng.choice(["interactive", "batch"]), rng.random())
+        asks = [Ask(str(i), rng.randint(1, 10), rng.choice(["interactive", "batch"]), 1 + 3 * rng.random())
                 for i in range(rng.randint(0, 40))]
-        got = grant(asks, budget, occupancy)
+        got = grant(asks, occupancy, budget=budget)
         spent = occupancy + sum(theory.speculation_cost(k) for k in got.values() if k)
         cap = max(budget - occupancy - 1, 0)  # the longest draft that fits the headroom at all
         asked = {a.name: min(a.k, cap) for a in asks}

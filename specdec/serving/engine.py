@@ -13,7 +13,7 @@ Every step, for all running requests at once:
 Requests join and leave between steps; a cancelled job (client gone) is dropped at the next step.
 Greedy output of every request equals its single-request `decode()` output (test_serving).
 
-    engine = Engine(model, tokenizer, budget=8)
+    engine = Engine(model, tokenizer, budget=8)              # a budget line; or cost=CostCurve(...) measured
     engine.submit(Job(prompt_ids, Request(max_new_tokens=32), method="prompt-lookup", on_event=print))
     while engine.busy:
         engine.step()
@@ -100,15 +100,18 @@ class Slot:
 
 
 class Engine:
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, budget: float, cost: CostCurve | None = None,
-                 speculation: str = "auto", max_batch: int = 8, prefill_chunk: int = 128,
-                 metrics: Metrics | None = None):
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, budget: float | None = None,
+                 cost: CostCurve | None = None, speculation: str = "auto", max_batch: int = 8,
+                 prefill_chunk: int = 128, metrics: Metrics | None = None):
+        """`budget`: the lesson's budget line in positions; None: the measured `cost` curve decides what
+        pays (`specdec.serving.scheduler`). `cost` also prices each request's own adaptive k."""
         if speculation not in scheduler.MODES:
             raise SpecdecError(f"--speculation must be one of {', '.join(scheduler.MODES)}, got {speculation!r}")
-        if max_batch < 1 or prefill_chunk < 1 or not budget > 0:
+        if max_batch < 1 or prefill_chunk < 1 or (budget is not None and not budget > 0):
             raise SpecdecError("max batch, prefill chunk and budget must be positive")
         self.model, self.tokenizer = model, tokenizer
         self.budget, self.cost = budget, cost or CostCurve()
+        self.line = budget if budget is not None else scheduler.line_of(self.cost)  # for "steps past the budget"
         self.speculation, self.max_batch, self.prefill_chunk = speculation, max_batch, prefill_chunk
         self.metrics = metrics or Metrics()
         self.waiting: deque[Job] = deque()
@@ -190,8 +193,7 @@ class Engine:
                 segments.append(Segment(slot.cache, slot.job.prompt_ids[slot.prefilled:end], logits=False))
                 prefills.append((slot, end))
                 left -= end - slot.prefilled
-        occupancy = len(decoding) + self.prefill_chunk - left
-        grants = self._grants(decoding, occupancy)
+        grants = self._grants(decoding, self.prefill_chunk - left)
         rounds = []
         for slot in decoding:
             k = grants.get(slot.job.id, 0)
@@ -210,20 +212,21 @@ class Engine:
         committed = sum(self._verify(slot, k, draft, lg, td - t0, tv - td)
                         for (slot, k, draft), lg in zip(rounds, logits))
         self.running = [s for s in self.running if s.stopper.finish_reason is None]
-        self.metrics.step(batch=len(decoding), positions=sum(len(s) for s in segments), budget=self.budget,
+        self.metrics.step(batch=len(decoding), positions=sum(len(s) for s in segments), budget=self.line,
                           tokens=committed, seconds=time.perf_counter() - t0)
 
-    def _grants(self, decoding: list[Slot], occupancy: int) -> dict[str, int]:
+    def _grants(self, decoding: list[Slot], prefill: int) -> dict[str, int]:
         asks = []
         for slot in decoding:
             if slot.drafter is None or self.speculation == "never":
                 continue
             slot.ctx.remaining = slot.job.request.max_new_tokens - len(slot.stopper.ids)
             k = min(choose_k(slot.policy, slot.drafter, slot.ctx), slot.ctx.remaining - 1)
-            if k > 0:
-                gain = slot.policy.predicted()[k] if hasattr(slot.policy, "predicted") else 0.0
-                asks.append(scheduler.Ask(slot.job.id, k, slot.job.priority, gain))
-        grants = scheduler.grant(asks, self.budget, occupancy, self.speculation)
+            if k > 0:  # a fixed k has no estimate: counted as all accepted, free to draft
+                tokens = slot.policy.expected_tokens()[k] if hasattr(slot.policy, "expected_tokens") else k + 1.0
+                asks.append(scheduler.Ask(slot.job.id, k, slot.job.priority, tokens, getattr(slot.policy, "tau", 0.0)))
+        grants = scheduler.grant(asks, len(decoding), prefill, self.speculation, self.budget,
+                                 scheduler.extend(self.cost))
         for a in asks:
             self.metrics.granted(a.priority, grants[a.name])
         return grants

@@ -56,7 +56,7 @@ class Metrics:
         self.ttft = Histogram("specdec_time_to_first_token_seconds", "Submit to first committed token", registry=r,
                               buckets=LATENCY + (10.0, 30.0))
         self.requests = Counter("specdec_requests", "Finished requests", ("finish",), registry=r)
-        self._totals: dict[tuple[str, str], list[int]] = {}  # (drafter, priority) -> [drafted, accepted]
+        self.totals: dict[tuple[str, str], list[int]] = {}  # (drafter, priority) -> [drafted, accepted]
 
     def step(self, batch: int, positions: int, budget: float, tokens: int, seconds: float) -> None:
         self.batch.set(batch)
@@ -76,7 +76,7 @@ class Metrics:
     def acceptance(self, drafter: str, priority: str, drafted: int, accepted: int) -> None:
         self.drafted.labels(drafter, priority).inc(drafted)
         self.accepted.labels(drafter, priority).inc(accepted)
-        totals = self._totals.setdefault((drafter, priority), [0, 0])
+        totals = self.totals.setdefault((drafter, priority), [0, 0])
         totals[0] += drafted
         totals[1] += accepted
         self.alpha.labels(drafter, priority).set(totals[1] / totals[0])
