@@ -200,6 +200,27 @@ def test_a_failing_listener_cancels_only_its_own_job(tiny):
         engine.step()
     assert bad.cancelled and [t for e in got for t in e.tokens] == reference(model, tok, ids, 20).token_ids
 
+
+def test_a_job_that_cannot_start_fails_alone(tiny):
+    model, tok = tiny
+    engine = Engine(model, tok, budget=6)
+    plain = engine.new_drafter
+
+    def new_drafter(method):
+        if method == "prompt-lookup":
+            raise MemoryError("no room")
+        return plain(method)
+
+    engine.new_drafter = new_drafter
+    a, b = [], []
+    ids = tok.encode("abc", chat=False)
+    engine.submit(Job(ids, Request(max_new_tokens=5), method="prompt-lookup", on_event=a.append))
+    engine.submit(Job(ids, Request(max_new_tokens=5), on_event=b.append))
+    while engine.busy:
+        engine.step()
+    assert a[-1].finish_reason == "error" and "MemoryError: no room" in a[-1].error
+    assert b[-1].finish_reason in ("stop", "length")
+
 # --- the scheduler -----------------------------------------------------------------------------------
 
 def test_lesson_allocation_b120():

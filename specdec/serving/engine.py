@@ -159,9 +159,13 @@ class Engine:
         """Admit, prefill, grant, draft, one packed forward, verify. Does nothing when idle."""
         self._drop_cancelled()
         with self.lock:
-            while self.waiting and len(self.running) < self.max_batch:
-                job = self.waiting.popleft()
+            admitted = [self.waiting.popleft() for _ in range(min(len(self.waiting), self.max_batch - len(self.running)))]
+        for job in admitted:
+            try:
                 self.running.append(Slot(self, job))
+            except Exception as e:  # e.g. no memory for its cache: this job fails, the others go on
+                self._emit(job, Event("", [], "error", len(job.prompt_ids), error=f"{type(e).__name__}: {e}"))
+                self.metrics.finished("error")
         self.metrics.queue(len(self.waiting))
         if not self.running:
             return
