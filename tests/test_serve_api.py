@@ -251,6 +251,7 @@ def test_loadtest_against_a_live_server(tiny, live, tmp_path):
     for lv in d["levels"]:
         assert lv["errors"] == 0 and lv["completed"] == 5 and lv["tokens"] > 0 and lv["ttft_p50"] > 0
     assert "| - | 3 | 5/5 | 0 |" in (tmp_path / "lt" / "loadtest.md").read_text()
+    assert all(lv["server"]["steps"] > 0 and lv["server"]["drafted"] >= 0 for lv in d["levels"])
     assert main(["loadtest", "--url", "http://10.0.0.1:8000", "--prompts", str(prompts)]) == 2  # loopback only
 
 
@@ -265,6 +266,7 @@ def test_loadtest_starts_its_own_servers(tiny, tmp_path):
     assert out.returncode == 0, out.stderr
     levels = json.loads((tmp_path / "lt" / "loadtest.json").read_text())["levels"]
     assert [(lv["mode"], lv["errors"], lv["completed"]) for lv in levels] == [("never", 0, 2), ("auto", 0, 2)]
+    assert levels[0]["server"]["drafted"] == 0 and levels[0]["alpha"] is None  # never speculates
 
 
 def test_dashboard_page_in_a_browser(tiny, client, live, tmp_path):

@@ -8,7 +8,8 @@ Throughput is completion tokens (the server's `usage`) over the level's wall tim
 (TTFT): request sent to the first non-empty text. Inter-token latency (ITL): the gaps between a
 response's successive text chunks, all responses of the level pooled (a speculative round that commits
 three tokens arrives as one chunk, so its gap is what a reader waits). A request that fails, or is still
-running when the level's time is up, counts as an error.
+running when the level's time is up, counts as an error. The server's /metrics, read before and after
+each level, add its side: steps, drafted and accepted tokens (so alpha), steps past the budget line.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
             except Exception as e:  # noqa: BLE001 - every failure is one error of the level
                 errors.append(f"{type(e).__name__}: {e}")
 
+    before = await server_counters(url)
     t0 = time.perf_counter()
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout)) as client:
         tasks = [asyncio.create_task(worker(i, client)) for i in range(requests)]
@@ -91,6 +93,8 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
             await asyncio.wait(late)
             errors.extend(["timeout"] * len(late))
     wall = time.perf_counter() - t0
+    after = await server_counters(url)
+    server = {k: after[k] - before[k] for k in SERVER_COUNTERS}
     gaps = [g for d in done for g in d["gaps"]]
     ttfts = [d["ttft"] for d in done if d["ttft"] is not None]
     tokens = sum(d["tokens"] for d in done)
@@ -98,16 +102,40 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
                 error_samples=sorted(set(errors))[:3], seconds=wall, tokens=tokens, throughput=tokens / wall,
                 ttft_p50=percentile(ttfts, 0.5), ttft_p99=percentile(ttfts, 0.99),
                 itl_p50=percentile(gaps, 0.5), itl_p99=percentile(gaps, 0.99),
-                itl_mean=statistics.fmean(gaps) if gaps else None)
+                itl_mean=statistics.fmean(gaps) if gaps else None, server=server,
+                alpha=server["accepted"] / server["drafted"] if server["drafted"] else None)
+
+
+SERVER_COUNTERS = {"steps": "specdec_steps_total", "over_budget": "specdec_steps_over_budget_total",
+                   "drafted": "specdec_drafted_tokens_total", "accepted": "specdec_accepted_tokens_total"}
+
+
+async def server_counters(url: str) -> dict[str, float]:
+    """The server's own view (its /metrics), summed over labels: steps, steps past the budget, drafted and
+    accepted tokens. A level's difference says whether and how much it speculated."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient(timeout=10) as client:
+        text = (await client.get(url + "/metrics")).text
+    totals = dict.fromkeys(SERVER_COUNTERS, 0.0)
+    names = {v: k for k, v in SERVER_COUNTERS.items()}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in names:
+                totals[names[sample.name]] += sample.value
+    return totals
 
 
 def markdown(levels: list[dict], title: str) -> str:
     ms = lambda x: "–" if x is None else f"{1000 * x:.0f}"  # noqa: E731
     rows = [f"## {title}", "",
-            "| mode | concurrency | completed | errors | tokens/s | TTFT p50 ms | ITL p50 ms | ITL p99 ms |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            "| mode | concurrency | completed | errors | tokens/s | TTFT p50 ms | ITL p50 ms | ITL p99 ms "
+            "| drafted per step | α | steps past budget |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for lv in levels:
+        sv, steps = lv["server"], max(lv["server"]["steps"], 1)
+        alpha = "–" if lv["alpha"] is None else f"{lv['alpha']:.2f}"
         rows.append(f"| {lv.get('mode', '-')} | {lv['concurrency']} | {lv['completed']}/{lv['requests']} | "
                     f"{lv['errors']} | {lv['throughput']:.2f} | {ms(lv['ttft_p50'])} | {ms(lv['itl_p50'])} | "
-                    f"{ms(lv['itl_p99'])} |")
+                    f"{ms(lv['itl_p99'])} | {sv['drafted'] / steps:.2f} | {alpha} | {sv['over_budget'] / steps:.0%} |")
     return "\n".join(rows) + "\n"
