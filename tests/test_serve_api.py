@@ -293,3 +293,13 @@ def test_dashboard_page_in_a_browser(tiny, client, live, tmp_path):
         finally:
             ctx.close()
     assert not errors
+
+
+@pytest.mark.parametrize("argv, words", [(["--budget", "lots"], "--budget"), (["--budget", "0"], "--budget"),
+                                         (["--port", "70000"], "--port"), (["--max-batch", "0"], "--max-batch")])
+def test_serve_refuses_bad_flags_in_one_line(argv, words, capsys):
+    from specdec.cli import main
+
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and err.startswith("specdec serve: error:") and "\n" not in err
