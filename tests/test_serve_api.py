@@ -252,6 +252,7 @@ def test_loadtest_against_a_live_server(tiny, live, tmp_path):
         assert lv["errors"] == 0 and lv["completed"] == 5 and lv["tokens"] > 0 and lv["ttft_p50"] > 0
     assert "| - | 3 | 5/5 | 0 |" in (tmp_path / "lt" / "loadtest.md").read_text()
     assert all(lv["server"]["steps"] > 0 and lv["server"]["drafted"] >= 0 for lv in d["levels"])
+    assert (tmp_path / "lt" / "loadtest.png").read_bytes()[:4] == b"\x89PNG"
     assert main(["loadtest", "--url", "http://10.0.0.1:8000", "--prompts", str(prompts)]) == 2  # loopback only
 
 

@@ -35,7 +35,7 @@ def register(sub) -> None:
     p = sub.add_parser("loadtest", help="measure a local `specdec serve` under concurrent streaming load",
                        description="For each concurrency level, send --requests streaming chat requests (greedy) with "
                                    "at most that many in flight, and report throughput, time to first token, p50/p99 "
-                                   "inter-token latency and errors, as Markdown and JSON. Loopback only; each level "
+                                   "inter-token latency and errors, as Markdown, JSON and a plot. Loopback only; each level "
                                    "is bounded by --requests and --timeout. With --serve, start one server per "
                                    "speculation mode (each on a free port) and interleave the modes at every level.")
     p.add_argument("--url", default=None, help="a running server, e.g. http://127.0.0.1:8000 (loopback only)")
@@ -56,7 +56,8 @@ def register(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens per request (default 64)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per level; later requests are errors (default 300)")
     p.add_argument("--api-key", default=None, help="bearer token, if the server requires one")
-    p.add_argument("--out", default="out/loadtest", help="folder for loadtest.md and loadtest.json (default out/loadtest)")
+    p.add_argument("--out", default="out/loadtest",
+                   help="folder for loadtest.md, loadtest.json and loadtest.png (default out/loadtest)")
     p.set_defaults(func=run)
 
 
@@ -94,7 +95,7 @@ def run(args) -> int:
 
     from specdec.bench.prompts import load_prompts
     from specdec.errors import SpecdecError
-    from specdec.serving.loadtest import check_loopback, markdown, run_level
+    from specdec.serving.loadtest import check_loopback, markdown, plot, run_level
 
     if args.requests < 1 or args.max_tokens < 1 or not args.timeout > 0:
         raise SpecdecError("--requests, --max-tokens and --timeout must be positive")
@@ -138,6 +139,7 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "loadtest.md").write_text(text)
     (out / "loadtest.json").write_text(json.dumps(dict(model=args.model, prompts=args.prompts, levels=levels), indent=2))
+    plot(levels, out / "loadtest.png", title)
     print(text)
-    print(f"wrote {out / 'loadtest.md'} and {out / 'loadtest.json'}", file=sys.stderr)
+    print(f"wrote {out / 'loadtest.md'}, {out / 'loadtest.json'} and {out / 'loadtest.png'}", file=sys.stderr)
     return 0

@@ -139,3 +139,24 @@ def markdown(levels: list[dict], title: str) -> str:
                     f"{lv['errors']} | {lv['throughput']:.2f} | {ms(lv['ttft_p50'])} | {ms(lv['itl_p50'])} | "
                     f"{ms(lv['itl_p99'])} | {sv['drafted'] / steps:.2f} | {alpha} | {sv['over_budget'] / steps:.0%} |")
     return "\n".join(rows) + "\n"
+
+
+def plot(levels: list[dict], path, title: str) -> str:
+    """Throughput and p99 inter-token latency against concurrency, one line per speculation mode."""
+    from specdec.plots import _figure, _save
+
+    fig = _figure(10, 4.2)
+    ax_t, ax_l = fig.subplots(1, 2)
+    for mode in dict.fromkeys(lv.get("mode", "-") for lv in levels):
+        mine = [lv for lv in levels if lv.get("mode", "-") == mode]
+        xs = [lv["concurrency"] for lv in mine]
+        ax_t.plot(xs, [lv["throughput"] for lv in mine], marker="o", label=mode)
+        ax_l.plot(xs, [1000 * (lv["itl_p99"] or float("nan")) for lv in mine], marker="o", label=mode)
+    for ax, what in ((ax_t, "throughput (tokens/s)"), (ax_l, "p99 inter-token latency (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent streaming clients")
+        ax.set_ylabel(what)
+        ax.grid(alpha=0.3)
+        ax.legend(title="speculation")
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
