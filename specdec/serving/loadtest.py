@@ -152,8 +152,11 @@ def plot(levels: list[dict], path, title: str) -> str:
         xs = [lv["concurrency"] for lv in mine]
         ax_t.plot(xs, [lv["throughput"] for lv in mine], marker="o", label=mode)
         ax_l.plot(xs, [1000 * (lv["itl_p99"] or float("nan")) for lv in mine], marker="o", label=mode)
+    ticks = sorted({lv["concurrency"] for lv in levels})
     for ax, what in ((ax_t, "throughput (tokens/s)"), (ax_l, "p99 inter-token latency (ms)")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
         ax.set_xlabel("concurrent streaming clients")
         ax.set_ylabel(what)
         ax.grid(alpha=0.3)
