@@ -208,6 +208,12 @@ def test_api_key_and_disconnect_frees_the_slot(tiny):
             time.sleep(0.05)
         assert not engine.running
         assert 'specdec_requests_total{finish="cancelled"} 1.0' in httpx.get(server.url + "/metrics").text
+        with pytest.raises(httpx.ReadTimeout):  # a non-streaming client that gives up
+            httpx.post(server.url + "/v1/completions", json={**body, "stream": False}, headers=auth, timeout=1.0)
+        end = time.time() + 10
+        while engine.running and time.time() < end:
+            time.sleep(0.05)
+        assert 'specdec_requests_total{finish="cancelled"} 2.0' in httpx.get(server.url + "/metrics").text
         # a slow client does not stall the next one
         good = openai.OpenAI(base_url=server.url + "/v1", api_key="s3cret", max_retries=0)
         assert good.completions.create(model=folder, prompt="abc", max_tokens=3, temperature=0).usage.completion_tokens

@@ -167,17 +167,19 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(stream(job, events, rid, created, kind, usage), media_type="text/event-stream")
-        text, last = [], None
+        text, last, check = [], None, loop.time() + 0.5
         try:
             while last is None:
                 try:
                     e = await asyncio.wait_for(events.get(), timeout=0.5)
+                    text.append(e.text)
+                    last = e if e.finish_reason else None
                 except asyncio.TimeoutError:
+                    pass
+                if last is None and loop.time() >= check:  # twice a second: is the client still there?
                     if await request.is_disconnected():
                         return Response(status_code=499)
-                    continue
-                text.append(e.text)
-                last = e if e.finish_reason else None
+                    check = loop.time() + 0.5
         finally:
             if last is None:  # the client went away: free the slot at the next step
                 job.cancel()
