@@ -221,6 +221,22 @@ def test_a_job_that_cannot_start_fails_alone(tiny):
     assert a[-1].finish_reason == "error" and "MemoryError: no room" in a[-1].error
     assert b[-1].finish_reason in ("stop", "length")
 
+
+def test_free_slots_go_to_interactive_jobs_first(tiny):
+    model, tok = tiny
+    engine = Engine(model, tok, budget=6, max_batch=1)
+    ids = tok.encode("abc", chat=False)
+    jobs = [Job(ids, Request(max_new_tokens=3), priority=p) for p in ("batch", "batch", "interactive", "batch")]
+    engine.submit(jobs[0])
+    engine.step()  # the first batch job takes the slot; the others arrive while it runs
+    for j in jobs[1:]:
+        engine.submit(j)
+    started = [jobs[0]]
+    while engine.busy:
+        engine.step()
+        started += [s.job for s in engine.running if s.job not in started]
+    assert started == [jobs[0], jobs[2], jobs[1], jobs[3]]
+
 # --- the scheduler -----------------------------------------------------------------------------------
 
 def test_lesson_allocation_b120():

@@ -2,7 +2,7 @@
 
 Every step, for all running requests at once:
 
-    admit waiting jobs into free slots (each slot: its own KV cache, drafter, adaptive-k policy, stopper)
+    admit waiting jobs into free slots, interactive first (a slot: its own KV cache, drafter, adaptive k, stopper)
     prefill: the next chunk of each new prompt (at most `prefill_chunk` tokens per step in all)
     grant:   each decoding request's k from the scheduler (its own alpha and tau, the budget, B, priority)
     draft:   each decoding request proposes up to its k tokens
@@ -60,7 +60,7 @@ class Event:
     error: str | None = None
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself: compared by identity
 class Job:
     prompt_ids: list[int]
     request: Request
@@ -158,8 +158,10 @@ class Engine:
     def step(self) -> None:
         """Admit, prefill, grant, draft, one packed forward, verify. Does nothing when idle."""
         self._drop_cancelled()
-        with self.lock:
-            admitted = [self.waiting.popleft() for _ in range(min(len(self.waiting), self.max_batch - len(self.running)))]
+        with self.lock:  # free slots go to interactive jobs first, then in arrival order
+            order = sorted(self.waiting, key=lambda j: j.priority != "interactive")
+            admitted = order[:max(self.max_batch - len(self.running), 0)]
+            self.waiting = deque(j for j in self.waiting if j not in admitted)
         for job in admitted:
             try:
                 self.running.append(Slot(self, job))
