@@ -4,7 +4,8 @@ Every step, for all running requests at once:
 
     admit waiting jobs into free slots, interactive first (a slot: its own KV cache, drafter, adaptive k, stopper)
     prefill: the next chunk of each new prompt (at most `prefill_chunk` tokens per step in all)
-    grant:   each decoding request's k from the scheduler (its own alpha and tau, the budget, B, priority)
+    grant:   each decoding request's k from the scheduler (its own alpha and tau, B, priority, and the
+             budget line or the measured cost curve)
     draft:   each decoding request proposes up to its k tokens
     forward: ONE packed target pass over every request's positions (`serving.batch.packed_forward`)
     verify:  per request, exactly as `decode()` does (`specdec.round`): verify, rewind or compact its
