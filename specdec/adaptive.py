@@ -83,14 +83,18 @@ class AdaptiveK:
             prev = a
         return out
 
-    def predicted(self) -> list[float]:
-        """Predicted speedup for k = 0 .. k_max."""
+    def expected_tokens(self) -> list[float]:
+        """E[tokens per round] for k = 0 .. k_max: 1 + sum over i <= k of the product of alpha_1..alpha_i."""
         alphas, e, reach, out = self.alphas(), 1.0, 1.0, [1.0]
         for k in range(1, self.k_max + 1):
             reach *= alphas[k - 1]
             e += reach
-            out.append(e / (self.cost(k + 1) + k * self.tau))
+            out.append(e)
         return out
+
+    def predicted(self) -> list[float]:
+        """Predicted speedup for k = 0 .. k_max."""
+        return [e / (self.cost(k + 1) + k * self.tau) for k, e in enumerate(self.expected_tokens())]
 
     def choose(self, startup: float = 0.0, remaining: int | None = None) -> int:
         """k for the next round. `startup`: a one-time cost in target steps that drafting now would pay

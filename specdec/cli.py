@@ -11,6 +11,7 @@ from specdec import __version__
 from specdec.errors import SpecdecError
 
 COMMANDS = ["models", "pull", "generate", "probe", "calc", "plot", "bench", "datastore", "exit_layers", "race"]
+COMMANDS += ["serve", "loadtest"]  # specdec.serving
 
 
 def build_parser() -> argparse.ArgumentParser:

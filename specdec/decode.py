@@ -26,9 +26,10 @@ from typing import Iterator
 import torch
 
 from specdec.adaptive import FixedK, choose_k
-from specdec.draft import Draft, forward_layout
-from specdec.drafters.base import Context, Drafter, Outcome
+from specdec.draft import Draft
+from specdec.drafters.base import Context, Drafter
 from specdec.errors import SpecdecError
+from specdec.round import commit, feedback, layout, settle
 from specdec.runtime.model import Transformer
 from specdec.sampling import SamplingParams, make_generator, probs_from_logits
 from specdec.tokenizer import Tokenizer
@@ -182,10 +183,10 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
         extra = draft.aux.tokens.tolist() if m else []
         inputs = torch.tensor([[ctx.tokens[-1]] + draft.tokens.tolist() + extra])
         positions = mask = None
-        simple = draft.is_chain and not m  # a chain alone: default positions and causal mask
+        offsets, local = layout(draft)
+        simple = offsets is None  # a chain alone: default positions and causal mask
         if not simple:  # a tree and/or aux positions: each sees the cache, the root and what its layout allows
             start = cache.length
-            offsets, local = forward_layout(draft)
             positions = (start + offsets)[None]
             mask = torch.ones(1, 1 + n + m, start + 1 + n + m, dtype=torch.bool)
             mask[0, :, start:] = local
@@ -196,28 +197,15 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
         logits = out.logits[0]  # [1+n+m, V]
         forwards += 1
         result = verify(draft, target_probs(logits[:1 + n], sampling), gen, mode, validate=False)
-        if simple:
-            cache.rewind(n - result.num_accepted)
-        else:
-            cache.compact([0] + [i + 1 for i in result.path], newest=1 + n + m)
+        settle(cache, draft, result)
         t1 = time.perf_counter()
         draft_s += tv - td
         target_s += t1 - tv
         emitted = result.tokens.tolist()
-        committed = []
-        for token in emitted:
-            committed.append(token)
-            if stopper.push(token):
-                done = True
-                break
+        committed, done = commit(stopper, emitted)
         ctx.tokens.extend(emitted)
         if drafter:
-            drafter.observe(Outcome(draft, result.num_accepted, emitted, logits[1 + n:] if m else None))
-            if n:
-                policy.observe(n, result.num_accepted)
-                for measured in (policy, drafter):  # tau from this round's times (Hybrid: its proposer's policy)
-                    if hasattr(measured, "timing") and not getattr(drafter, "stale", False):
-                        measured.timing(n, tv - td, t1 - tv)
+            feedback(drafter, policy, draft, result, emitted, logits[1 + n:] if m else None, tv - td, t1 - tv)
         if not n and not m and len(prompt_ids) > 1:  # a plain step prices prefill work in steps (Drafter.startup)
             ctx.prefill_cost = prefill / (len(prompt_ids) - 1) / (t1 - tv)
         rounds.append(dict(drafted=n, depth=draft.depth, accepted=result.num_accepted, kind=result.kind if n else "plain",

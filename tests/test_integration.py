@@ -46,3 +46,25 @@ def test_speculation_keeps_greedy_output_on_smollm2(smol, method):
         spec = llm.generate(p, max_new_tokens=40, method=method, k=4)
         assert spec.token_ids == plain.token_ids
         assert spec.target_forwards <= plain.target_forwards
+
+
+def test_batched_engine_keeps_greedy_output_on_smollm2(smol):
+    """Four requests share every forward (bf16 through the kernel, speculation always on, prompts prefilled
+    in shared chunks) and each produces exactly its single-request greedy output."""
+    from specdec.api import LLM
+    from specdec.decode import Request
+    from specdec.serving.engine import Engine, Job
+
+    llm = LLM(str(smol))
+    prompts = ["def add(a, b):\n    return a + b\n\nRewrite add with a docstring.", "Name three colours.",
+               "List the planets of the solar system in order.", "Tell me about cats. Cats are"]
+    ids = [llm.tokenizer.encode(p) for p in prompts]
+    refs = [llm.generate(i, max_new_tokens=24, method="prompt-lookup").token_ids for i in ids]
+    engine = Engine(llm.model, llm.tokenizer, budget=3, speculation="always", max_batch=4, prefill_chunk=48)
+    got = {n: [] for n in range(len(ids))}
+    for n, i in enumerate(ids):
+        engine.submit(Job(i, Request(max_new_tokens=24), method="prompt-lookup",
+                          on_event=lambda e, n=n: got[n].extend(e.tokens)))
+    while engine.busy:
+        engine.step()
+    assert [got[n] for n in range(len(ids))] == refs

@@ -1,0 +1,145 @@
+"""`specdec loadtest`: bounded load against `specdec serve` on this machine (specdec.serving.loadtest), or
+against servers it starts itself, one per speculation mode, with the modes interleaved per level."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def levels_arg(value: str) -> list[int]:
+    try:
+        levels = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        levels = []
+    if not levels or any(not 1 <= c <= 256 for c in levels):
+        raise argparse.ArgumentTypeError(f"concurrency must be a list like 1,2,4,8 of integers in [1, 256], got {value!r}")
+    return levels
+
+
+def modes_arg(value: str) -> list[str]:
+    modes = [v.strip() for v in value.split(",") if v.strip()]
+    if not modes or any(m not in ("auto", "always", "never") for m in modes):
+        raise argparse.ArgumentTypeError(f"--serve takes modes from auto,always,never, got {value!r}")
+    return modes
+
+
+def register(sub) -> None:
+    p = sub.add_parser("loadtest", help="measure a local `specdec serve` under concurrent streaming load",
+                       description="For each concurrency level, send --requests streaming chat requests (greedy) with "
+                                   "at most that many in flight, and report throughput, time to first token, p50/p99 "
+                                   "inter-token latency and errors, as Markdown, JSON and a plot. Loopback only; each level "
+                                   "is bounded by --requests and --timeout. With --serve, start one server per "
+                                   "speculation mode (each on a free port) and interleave the modes at every level.")
+    p.add_argument("--url", default=None, help="a running server, e.g. http://127.0.0.1:8000 (loopback only)")
+    p.add_argument("--serve", type=modes_arg, default=None, metavar="MODES",
+                   help="instead of --url: start `specdec serve --speculation MODE` for each of these modes "
+                        "(e.g. auto,always,never) with --model, --dtype, --budget and --max-batch")
+    p.add_argument("--model", default=None,
+                   help="model name to request (default: the server's; with --serve: the model to serve, "
+                        "default smollm2-135m)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"], help="with --serve: the weights' dtype")
+    p.add_argument("--budget", default="auto", help="with --serve: the servers' --budget (default auto: the probe's)")
+    p.add_argument("--max-batch", type=int, default=16, help="with --serve: the servers' --max-batch (default 16)")
+    p.add_argument("--concurrency", type=levels_arg, default=[1, 2, 4, 8], metavar="C,C,...",
+                   help="concurrency levels (default 1,2,4,8)")
+    p.add_argument("--requests", type=int, default=16, metavar="N", help="requests per level (default 16)")
+    p.add_argument("--prompts", default="spec-bench",
+                   help="spec-bench (default), humanevalfix, or a jsonl file in either format (first turns are used)")
+    p.add_argument("--max-tokens", type=int, default=64, help="max_tokens per request (default 64)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per level; later requests are errors (default 300)")
+    p.add_argument("--api-key", default=None, help="bearer token, if the server requires one")
+    p.add_argument("--out", default="out/loadtest",
+                   help="folder for loadtest.md, loadtest.json and loadtest.png (default out/loadtest)")
+    p.set_defaults(func=run)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args, mode: str) -> tuple[subprocess.Popen, str]:
+    """`specdec serve` for one mode on a free port; returns once /health answers."""
+    import httpx
+
+    from specdec.errors import SpecdecError
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "specdec.cli", "serve", "--model", args.model, "--dtype", args.dtype,
+           "--port", str(port), "--speculation", mode, "--budget", str(args.budget), "--max-batch", str(args.max_batch)]
+    proc = subprocess.Popen(cmd)
+    url, end = f"http://127.0.0.1:{port}", time.time() + 900
+    while time.time() < end:
+        if proc.poll() is not None:
+            raise SpecdecError(f"`{' '.join(cmd[2:])}` exited with status {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.5)
+    proc.kill()
+    raise SpecdecError(f"`{' '.join(cmd[2:])}` did not answer /health within 15 minutes")
+
+
+def run(args) -> int:
+    import httpx
+
+    from specdec.bench.prompts import load_prompts
+    from specdec.errors import SpecdecError
+    from specdec.serving.loadtest import check_loopback, markdown, plot, run_level
+
+    if args.requests < 1 or args.max_tokens < 1 or not args.timeout > 0:
+        raise SpecdecError("--requests, --max-tokens and --timeout must be positive")
+    if (args.url is None) == (args.serve is None):
+        raise SpecdecError("give either --url (a running server) or --serve MODES (servers started here)")
+    prompts = [p.turns[0] for p in load_prompts(args.prompts)]
+    if not prompts:
+        raise SpecdecError(f"{args.prompts}: no prompts")
+    servers: list[tuple[str, subprocess.Popen | None, str]] = []
+    try:
+        if args.serve:
+            args.model = args.model or "smollm2-135m"
+            for mode in args.serve:  # one at a time: the first may measure the budget for the others
+                proc, url = start_server(args, mode)
+                servers.append((mode, proc, url))
+        else:
+            url = check_loopback(args.url)
+            headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+            if args.model is None:
+                args.model = httpx.get(url + "/v1/models", headers=headers, timeout=10).json()["data"][0]["id"]
+            servers.append(("-", None, url))
+        levels = []
+        for c in args.concurrency:
+            for mode, _, url in servers:  # modes interleaved at every level
+                lv = asyncio.run(run_level(url, args.model, prompts, c, args.requests, args.max_tokens,
+                                           args.timeout, args.api_key))
+                lv["mode"] = mode
+                levels.append(lv)
+                print(f"{mode} c={c}: {lv['throughput']:.2f} tokens/s, {lv['errors']} errors", file=sys.stderr)
+    finally:
+        for _, proc, _ in servers:
+            if proc is not None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    title = f"Load test: {args.model}, {args.prompts}, {args.requests} requests per level, max_tokens {args.max_tokens}"
+    text = markdown(levels, title)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "loadtest.md").write_text(text)
+    (out / "loadtest.json").write_text(json.dumps(dict(model=args.model, prompts=args.prompts, levels=levels), indent=2))
+    plot(levels, out / "loadtest.png", title)
+    print(text)
+    print(f"wrote {out / 'loadtest.md'}, {out / 'loadtest.json'} and {out / 'loadtest.png'}", file=sys.stderr)
+    return 0

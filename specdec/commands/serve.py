@@ -1,0 +1,79 @@
+"""`specdec serve`: an OpenAI-compatible server whose batched engine speculates only within the measured
+idle budget (the lesson's Chapter 7; specdec.serving)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from specdec.commands.generate import add_model_args
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API, batched",
+                       description="Serve /v1/completions, /v1/chat/completions (streaming and not), /v1/models, "
+                                   "/health, /metrics and /dashboard. Requests share each target forward (continuous batching); "
+                                   "before every step the scheduler grants each request a draft length from its own "
+                                   "measured acceptance, only as far as the idle compute the batch leaves pays for it "
+                                   "(--budget), interactive requests first. Ctrl-C stops it (in-flight requests get a "
+                                   "few seconds to finish, then are cancelled).")
+    add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
+    p.add_argument("--speculation", default="auto", choices=["auto", "always", "never"],
+                   help="auto (default): speculate only where it pays at the current load, by priority; always: every "
+                        "request drafts its adaptive k whatever the load; never: plain batched decoding")
+    p.add_argument("--method", default="prompt-lookup", choices=["prompt-lookup", "plain"],
+                   help="drafter for requests that speculate (default prompt-lookup; a request's "
+                        "`speculation` field may choose another)")
+    p.add_argument("--max-batch", type=int, default=8, help="requests running at once; more wait (default 8)")
+    p.add_argument("--budget", default="auto", metavar="N|auto",
+                   help="what speculation may spend: auto (default) = the forward-cost curve `specdec probe` "
+                        "measured for this model and dtype (measured once if missing): a request gets its k "
+                        "while the step's predicted tokens per second rise; N = the lesson's budget line: "
+                        "B + the speculating requests' k + 1 stay within N positions")
+    p.add_argument("--prefill-chunk", type=int, default=128, metavar="N",
+                   help="prompt tokens prefilled per step beside decoding, all new requests together (default 128)")
+    p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECDEC_API_KEY, else none)")
+    p.set_defaults(func=run)
+
+
+def budget_arg(value: str) -> float | None:
+    """None for auto (the measured curve decides), else a positive number of positions."""
+    from specdec.errors import SpecdecError
+
+    if value == "auto":
+        return None
+    try:
+        budget = float(value)
+    except ValueError:
+        budget = 0.0
+    if not budget > 0 or budget == float("inf"):
+        raise SpecdecError(f"--budget must be 'auto' or a positive number of positions, got {value!r}")
+    return budget
+
+
+def run(args) -> int:
+    import uvicorn
+
+    from specdec.api import LLM
+    from specdec.errors import SpecdecError
+    from specdec.serving.app import create_app
+    from specdec.serving.engine import Engine
+
+    if args.max_batch < 1 or args.prefill_chunk < 1:
+        raise SpecdecError("--max-batch and --prefill-chunk must be at least 1")
+    if not 0 <= args.port <= 65535:
+        raise SpecdecError(f"--port must be in [0, 65535], got {args.port}")
+    budget = budget_arg(args.budget)
+    llm = LLM(args.model, dtype=args.dtype)
+    engine = Engine(llm.model, llm.tokenizer, budget=budget, cost=llm.cost_curve(measure=budget is None),
+                    speculation=args.speculation, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk)
+    app = create_app(engine, args.model, method=args.method, api_key=args.api_key)
+    spend = "the measured cost curve" if budget is None else f"a budget of {budget:g} positions"
+    print(f"specdec serve: {args.model} on http://{args.host}:{args.port} (speculation {args.speculation} within "
+          f"{spend}, method {args.method}, max batch {args.max_batch}"
+          + (", API key required" if args.api_key else "") + "); Ctrl-C stops", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+    return 0

@@ -1,0 +1,109 @@
+"""The packed forward: one target pass over the new positions of every request in a server step.
+
+Continuous batching (Orca, Yu et al. 2022; vLLM) puts each running request's new positions side by
+side in one row of tokens: its last committed token plus its drafts (a chain or a tree), or a chunk of
+a prompt being prefilled. Every matmul (q|k|v, o, gate|up, down, the LM head) runs over all packed
+positions at once, so the weights are read once per step for the whole batch; attention runs per
+request, over that request's own KV cache with its own mask, so requests never see each other.
+
+    segments = [Segment(cache_a, [t_last, d1, d2]),                    # a chain: causal
+                Segment(cache_b, [t_last, d1, d2, d3], offsets, local),  # a tree: its own mask
+                Segment(cache_c, prompt[0:64], logits=False)]            # a prefill chunk
+    logits = packed_forward(model, segments)   # [3, V], [4, V], None; each cache advanced by its n
+
+The layer loop mirrors `specdec.runtime.model.Block.forward` and uses the same modules and weights
+(norms, fused projections, RoPE), so a segment's logits equal a single-request forward over the same
+positions up to the matmuls' summation order (test_serving checks this at fp32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from specdec.runtime.kv_cache import KVCache
+from specdec.runtime.model import ROW_EXACT_MAX, Transformer, rotate
+
+
+@dataclass
+class Segment:
+    cache: KVCache                      # this request's own cache; slots cache.length.. are written
+    tokens: list[int]                   # the new positions' token ids
+    offsets: torch.Tensor | None = None  # [n] positions after cache.length (None: 0..n-1)
+    local: torch.Tensor | None = None   # [n, n] bool mask among the new positions (None: causal)
+    logits: bool = True                 # False: a prefill chunk, no LM head
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def _attend(q, keys, values, start: int, local, row_exact: bool, gqa: bool) -> torch.Tensor:
+    """One request's attention, as `Block.forward` does it for the same positions and mask."""
+    n = q.shape[2]
+    if local is None and n > 1 and row_exact and n <= ROW_EXACT_MAX:
+        return torch.cat([F.scaled_dot_product_attention(q[:, :, i:i + 1], keys[:, :, :start + i + 1],
+                                                         values[:, :, :start + i + 1], enable_gqa=gqa)
+                          for i in range(n)], dim=2)
+    mask = None
+    if local is not None:
+        mask = torch.ones(n, start + n, dtype=torch.bool)
+        mask[:, start:] = local
+    elif n > 1:
+        mask = torch.ones(n, start + n, dtype=torch.bool).tril(diagonal=start)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
+
+
+@torch.inference_mode()
+def packed_forward(model: Transformer, segments: list[Segment]) -> list[torch.Tensor | None]:
+    """Run one forward over all segments; returns each segment's logits [n, V] (None when not asked)
+    and advances each segment's cache by its n."""
+    cfg = model.cfg
+    starts = [s.cache.length for s in segments]
+    for s, start in zip(segments, starts):
+        if not len(s):
+            raise ValueError("a segment needs at least one token")
+        if start + len(s) > s.cache.max_len:
+            raise ValueError(f"context overflow: {start + len(s)} positions exceed the cache's {s.cache.max_len}")
+    ropes = []
+    for s, start in zip(segments, starts):
+        offsets = torch.arange(len(s)) if s.offsets is None else s.offsets
+        ropes.append(model._rope((start + offsets)[None]))
+    bounds, end = [], 0
+    for s in segments:
+        bounds.append((end, end + len(s)))
+        end += len(s)
+    x = model.embed(torch.tensor([[t for s in segments for t in s.tokens]]))  # [1, N, D]
+    gqa = cfg.num_heads != cfg.num_kv_heads
+    h, hk, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    for layer, block in enumerate(model.layers):
+        q, k, v = block.qkv(block.input_norm(x)).split([block.q_size, block.kv_size, block.kv_size], dim=-1)
+        outs = []
+        for s, start, (a, b), (cos, sin) in zip(segments, starts, bounds, ropes):
+            n = b - a
+            qs = rotate(q[:, a:b].view(1, n, h, hd).transpose(1, 2), cos, sin)
+            ks = rotate(k[:, a:b].view(1, n, hk, hd).transpose(1, 2), cos, sin)
+            s.cache.write(layer, ks, v[:, a:b].view(1, n, hk, hd).transpose(1, 2), start)
+            keys, values = s.cache.view(layer, start + n)
+            if keys.dtype != qs.dtype:
+                keys, values = keys.to(qs.dtype), values.to(qs.dtype)
+            att = _attend(qs, keys, values, start, s.local, model.row_exact, gqa)
+            outs.append(att.transpose(1, 2).reshape(1, n, -1))
+        x = x + block.o(torch.cat(outs, dim=1))
+        gate, up = block.gate_up(block.post_norm(x)).chunk(2, dim=-1)
+        x = x + block.down(F.silu(gate) * up)
+    for s, start in zip(segments, starts):
+        s.cache.length = start + len(s)
+    rows = [i for s, (a, b) in zip(segments, bounds) if s.logits for i in range(a, b)]
+    if not rows:
+        return [None] * len(segments)
+    logits = model.lm_head(model.norm(x[:, rows])).float()[0]
+    out, at = [], 0
+    for s in segments:
+        if s.logits:
+            out.append(logits[at:at + len(s)])
+            at += len(s)
+        else:
+            out.append(None)
+    return out

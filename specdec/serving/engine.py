@@ -1,0 +1,295 @@
+"""The batched engine: continuous batching with per-request speculation inside a shared budget.
+
+Every step, for all running requests at once:
+
+    admit waiting jobs into free slots, interactive first (a slot: its own KV cache, drafter, adaptive k, stopper)
+    prefill: the next chunk of each new prompt (at most `prefill_chunk` tokens per step in all)
+    grant:   each decoding request's k from the scheduler (its own alpha and tau, B, priority, and the
+             budget line or the measured cost curve)
+    draft:   each decoding request proposes up to its k tokens
+    forward: ONE packed target pass over every request's positions (`serving.batch.packed_forward`)
+    verify:  per request, exactly as `decode()` does (`specdec.round`): verify, rewind or compact its
+             own cache, commit tokens through its stopper, feed back alpha and tau; emit the new text
+
+Requests join and leave between steps; a cancelled job (client gone) is dropped at the next step.
+Greedy output of every request equals its single-request `decode()` output (test_serving).
+
+    engine = Engine(model, tokenizer, budget=8)              # a budget line; or cost=CostCurve(...) measured
+    engine.submit(Job(prompt_ids, Request(max_new_tokens=32), method="prompt-lookup", on_event=print))
+    while engine.busy:
+        engine.step()
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from specdec import round as rnd
+from specdec.adaptive import AdaptiveK, CostCurve, FixedK, choose_k
+from specdec.decode import Request, Stopper, check_context, target_probs
+from specdec.draft import Draft
+from specdec.drafters.base import Context
+from specdec.errors import SpecdecError
+from specdec.runtime.model import Transformer
+from specdec.sampling import make_generator
+from specdec.serving import scheduler
+from specdec.serving.batch import Segment, packed_forward
+from specdec.serving.metrics import Metrics
+from specdec.tokenizer import Tokenizer
+from specdec.verify import verify
+
+METHODS = ("plain", "prompt-lookup")  # drafters that keep all their state per request
+_ids = itertools.count(1)
+
+
+@dataclass
+class Event:
+    """What a job's `on_event` receives: new text after each round, then one final event."""
+
+    text: str
+    tokens: list[int]
+    finish_reason: str | None = None  # "stop", "length", "cancelled" or "error" on the final event
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass(eq=False)  # a job is itself: compared by identity
+class Job:
+    prompt_ids: list[int]
+    request: Request
+    method: str = "plain"
+    k: int | str = "auto"
+    priority: str = "interactive"
+    on_event: Callable[[Event], None] = lambda event: None
+    id: str = field(default_factory=lambda: f"job-{next(_ids)}")
+    cancelled: bool = False
+    submitted: float = field(default_factory=time.perf_counter)
+
+    def cancel(self) -> None:
+        """Drop this job at the engine's next step (a client that went away)."""
+        self.cancelled = True
+
+
+class Slot:
+    """One running request: its cache, round state and drafter."""
+
+    def __init__(self, engine: "Engine", job: Job):
+        self.job = job
+        self.drafter = engine.new_drafter(job.method)
+        self.policy = engine.new_policy(job.k) if self.drafter else None
+        room = getattr(self.policy, "k_max", getattr(self.policy, "k", 0))
+        n = len(job.prompt_ids)
+        self.cache = engine.model.new_cache(n + job.request.max_new_tokens + room + 1)
+        self.gen = make_generator(job.request.sampling.seed)
+        self.ctx = Context(tokens=list(job.prompt_ids), prompt_len=n, sampling=job.request.sampling,
+                           generator=self.gen)
+        self.stopper = Stopper(engine.tokenizer, job.request)
+        self.prefilled = 0          # prompt tokens in the cache (all but the last are prefilled)
+        self.last_emit: float | None = None
+
+    @property
+    def decoding(self) -> bool:
+        return self.prefilled >= len(self.job.prompt_ids) - 1
+
+
+class Engine:
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, budget: float | None = None,
+                 cost: CostCurve | None = None, speculation: str = "auto", max_batch: int = 8,
+                 prefill_chunk: int = 128, metrics: Metrics | None = None):
+        """`budget`: the lesson's budget line in positions; None: the measured `cost` curve decides what
+        pays (`specdec.serving.scheduler`). `cost` also prices each request's own adaptive k."""
+        if speculation not in scheduler.MODES:
+            raise SpecdecError(f"--speculation must be one of {', '.join(scheduler.MODES)}, got {speculation!r}")
+        if max_batch < 1 or prefill_chunk < 1 or (budget is not None and not budget > 0):
+            raise SpecdecError("max batch, prefill chunk and budget must be positive")
+        self.model, self.tokenizer = model, tokenizer
+        self.budget, self.cost = budget, cost or CostCurve()
+        self.line = budget if budget is not None else scheduler.line_of(self.cost)  # for "steps past the budget"
+        self.speculation, self.max_batch, self.prefill_chunk = speculation, max_batch, prefill_chunk
+        self.metrics = metrics or Metrics()
+        self.waiting: deque[Job] = deque()
+        self.running: list[Slot] = []
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+
+    # --- requests ------------------------------------------------------------------------------
+    def new_drafter(self, method: str):
+        if method == "plain":
+            return None
+        if method == "prompt-lookup":
+            from specdec.drafters.prompt_lookup import PromptLookup
+
+            return PromptLookup()
+        raise SpecdecError(f"the server drafts with one of {', '.join(METHODS)}, not {method!r}")
+
+    def new_policy(self, k: int | str):
+        return AdaptiveK(cost=self.cost) if k == "auto" else FixedK(k)
+
+    def check(self, job: Job) -> None:
+        """Raise SpecdecError (a 400 for the HTTP app) when a job cannot run."""
+        if not job.prompt_ids:
+            raise SpecdecError("the prompt is empty")
+        check_context(self.model, len(job.prompt_ids), job.request.max_new_tokens)
+        if job.method not in METHODS:
+            raise SpecdecError(f"speculation method must be one of {', '.join(METHODS)}, got {job.method!r}")
+        if job.priority not in scheduler.PRIORITIES:
+            raise SpecdecError(f"priority must be one of {', '.join(scheduler.PRIORITIES)}, got {job.priority!r}")
+        if job.k != "auto" and (isinstance(job.k, bool) or not isinstance(job.k, int) or not 0 <= job.k <= 32):
+            raise SpecdecError(f"speculation k must be an integer in [0, 32] or 'auto', got {job.k!r}")
+
+    def submit(self, job: Job) -> None:
+        self.check(job)
+        with self.lock:
+            self.waiting.append(job)
+        self.wake.set()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    # --- one step ------------------------------------------------------------------------------
+    def step(self) -> None:
+        """Admit, prefill, grant, draft, one packed forward, verify. Does nothing when idle."""
+        self._drop_cancelled()
+        with self.lock:  # free slots go to interactive jobs first, then in arrival order
+            order = sorted(self.waiting, key=lambda j: j.priority != "interactive")
+            admitted = order[:max(self.max_batch - len(self.running), 0)]
+            self.waiting = deque(j for j in self.waiting if j not in admitted)
+        for job in admitted:
+            try:
+                self.running.append(Slot(self, job))
+            except Exception as e:  # e.g. no memory for its cache: this job fails, the others go on
+                self._emit(job, Event("", [], "error", len(job.prompt_ids), error=f"{type(e).__name__}: {e}"))
+                self.metrics.finished("error")
+        self.metrics.queue(len(self.waiting))
+        if not self.running:
+            return
+        try:
+            self._step()
+        except Exception as e:  # a failed step ends its requests with an error, never the server
+            for slot in self.running:
+                self._finish(slot, "error", error=f"{type(e).__name__}: {e}")
+            self.running = []
+
+    def _drop_cancelled(self) -> None:
+        for slot in [s for s in self.running if s.job.cancelled]:
+            self._finish(slot, "cancelled")
+        self.running = [s for s in self.running if not s.job.cancelled]
+        with self.lock:
+            gone = [j for j in self.waiting if j.cancelled]
+            self.waiting = deque(j for j in self.waiting if not j.cancelled)
+        for job in gone:
+            self._emit(job, Event("", [], "cancelled", len(job.prompt_ids)))
+            self.metrics.finished("cancelled")
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        decoding = [s for s in self.running if s.decoding]
+        segments, prefills, left = [], [], self.prefill_chunk
+        for slot in self.running:  # prefill chunks, oldest request first
+            if not slot.decoding and left > 0:
+                end = min(len(slot.job.prompt_ids) - 1, slot.prefilled + left)
+                segments.append(Segment(slot.cache, slot.job.prompt_ids[slot.prefilled:end], logits=False))
+                prefills.append((slot, end))
+                left -= end - slot.prefilled
+        grants = self._grants(decoding, self.prefill_chunk - left)
+        rounds = []
+        for slot in decoding:
+            k = grants.get(slot.job.id, 0)
+            draft = slot.drafter.propose(slot.ctx, k) if k > 0 else Draft.empty()
+            if draft.depth > k:
+                raise RuntimeError(f"{slot.drafter.name} proposed a draft {draft.depth} tokens deep for k = {k}")
+            offsets, local = rnd.layout(draft)
+            extra = draft.aux.tokens.tolist() if rnd.aux_len(draft) else []
+            segments.append(Segment(slot.cache, [slot.ctx.tokens[-1]] + draft.tokens.tolist() + extra, offsets, local))
+            rounds.append((slot, k, draft))
+        td = time.perf_counter()
+        logits = packed_forward(self.model, segments)[len(prefills):]
+        tv = time.perf_counter()
+        for slot, end in prefills:
+            slot.prefilled = end
+        committed = sum(self._verify(slot, k, draft, lg, td - t0, tv - td)
+                        for (slot, k, draft), lg in zip(rounds, logits))
+        self.running = [s for s in self.running if s.stopper.finish_reason is None]
+        self.metrics.step(batch=len(decoding), positions=sum(len(s) for s in segments), budget=self.line,
+                          tokens=committed, seconds=time.perf_counter() - t0)
+
+    def _grants(self, decoding: list[Slot], prefill: int) -> dict[str, int]:
+        asks = []
+        for slot in decoding:
+            if slot.drafter is None or self.speculation == "never":
+                continue
+            slot.ctx.remaining = slot.job.request.max_new_tokens - len(slot.stopper.ids)
+            k = min(choose_k(slot.policy, slot.drafter, slot.ctx), slot.ctx.remaining - 1)
+            if k > 0:  # a fixed k has no estimate: counted as all accepted, free to draft
+                tokens = slot.policy.expected_tokens()[k] if hasattr(slot.policy, "expected_tokens") else k + 1.0
+                asks.append(scheduler.Ask(slot.job.id, k, slot.job.priority, tokens, getattr(slot.policy, "tau", 0.0)))
+        grants = scheduler.grant(asks, len(decoding), prefill, self.speculation, self.budget,
+                                 scheduler.extend(self.cost))
+        for a in asks:
+            self.metrics.granted(a.priority, grants[a.name])
+        return grants
+
+    def _verify(self, slot: Slot, k: int, draft: Draft, logits: torch.Tensor, draft_s: float,
+                target_s: float) -> int:
+        """One request's half of the round after the shared forward; returns the tokens it committed."""
+        sampling, n = slot.job.request.sampling, len(draft)
+        result = verify(draft, target_probs(logits[:1 + n], sampling), slot.gen,
+                        "greedy" if sampling.greedy else "exact", validate=False)
+        rnd.settle(slot.cache, draft, result)
+        emitted = result.tokens.tolist()
+        committed, done = rnd.commit(slot.stopper, emitted)
+        slot.ctx.tokens.extend(emitted)
+        if slot.drafter:
+            aux = logits[1 + n:] if rnd.aux_len(draft) else None
+            rnd.feedback(slot.drafter, slot.policy, draft, result, emitted, aux, draft_s, target_s)
+            if n:
+                self.metrics.acceptance(slot.drafter.name, slot.job.priority, n, result.num_accepted)
+        now = time.perf_counter()
+        if slot.last_emit is None:
+            self.metrics.first_token(now - slot.job.submitted)
+        else:
+            self.metrics.inter_token(now - slot.last_emit, speculating=k > 0)
+        slot.last_emit = now
+        if done:
+            self._finish(slot, slot.stopper.finish_reason, committed)
+        else:
+            self._emit(slot.job, Event(slot.stopper.new_text(), committed))
+        return len(committed)
+
+    def _finish(self, slot: Slot, reason: str, tokens: list[int] = (), error: str | None = None) -> None:
+        text = slot.stopper.new_text() if reason in ("stop", "length") else ""
+        self._emit(slot.job, Event(text, list(tokens), reason, len(slot.job.prompt_ids), len(slot.stopper.ids), error))
+        self.metrics.finished(reason)
+
+    @staticmethod
+    def _emit(job: Job, event: Event) -> None:
+        """Hand an event to the job's listener; a listener that fails (its client is gone) cancels the job."""
+        try:
+            job.on_event(event)
+        except Exception:  # noqa: BLE001 - whatever the listener raises, the engine keeps serving the others
+            job.cancel()
+
+    # --- the serving thread ---------------------------------------------------------------------
+    def serve(self, stop: threading.Event) -> None:
+        """Step while there is work, sleep while idle, until `stop` is set; then cancel what is left."""
+        while not stop.is_set():
+            self.wake.clear()
+            if self.busy:
+                self.step()
+            else:
+                self.wake.wait(0.1)
+        with self.lock:
+            for job in self.waiting:
+                job.cancel()
+        for slot in self.running:
+            slot.job.cancel()
+        self._drop_cancelled()

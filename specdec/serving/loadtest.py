@@ -1,0 +1,165 @@
+"""A bounded load generator for `specdec serve` (loopback only): per concurrency level, N streaming chat
+requests with at most C in flight, each timed from the client's side.
+
+    level = await run_level(url, model, prompts, concurrency=4, requests=16, max_tokens=64, timeout=300)
+    level["throughput"], level["ttft_p50"], level["itl_p50"], level["itl_p99"], level["errors"]
+
+Throughput is completion tokens (the server's `usage`) over the level's wall time. Time to first token
+(TTFT): request sent to the first non-empty text. Inter-token latency (ITL): the gaps between a
+response's successive text chunks, all responses of the level pooled (a speculative round that commits
+three tokens arrives as one chunk, so its gap is what a reader waits). A request that fails, or is still
+running when the level's time is up, counts as an error. The server's /metrics, read before and after
+each level, add its side: steps, drafted and accepted tokens (so alpha), steps past the budget line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from urllib.parse import urlparse
+
+import httpx
+
+from specdec.errors import SpecdecError
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def check_loopback(url: str) -> str:
+    """The base URL (no trailing slash), refusing any host but this machine's loopback."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or parsed.hostname not in LOOPBACK:
+        raise SpecdecError(f"--url must be http://127.0.0.1:PORT or http://localhost:PORT (loopback only), got {url!r}")
+    return url.rstrip("/")
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    """The q-quantile (0..1) by nearest rank; None for no data."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q * len(s) + 0.5) - 1))]
+
+
+async def one_request(client: httpx.AsyncClient, url: str, body: dict, headers: dict) -> dict:
+    t0 = time.perf_counter()
+    arrivals, usage = [], None
+    async with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode()[:200]}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            d = json.loads(line[6:])
+            if "error" in d:
+                raise RuntimeError(d["error"]["message"])
+            if d.get("usage"):
+                usage = d["usage"]
+            if d.get("choices") and d["choices"][0]["delta"].get("content"):
+                arrivals.append(time.perf_counter())
+    if usage is None:
+        raise RuntimeError("the stream ended without usage")
+    return dict(tokens=usage["completion_tokens"], ttft=arrivals[0] - t0 if arrivals else None,
+                gaps=[b - a for a, b in zip(arrivals, arrivals[1:])], seconds=time.perf_counter() - t0)
+
+
+async def run_level(url: str, model: str, prompts: list[str], concurrency: int, requests: int,
+                    max_tokens: int, timeout: float, api_key: str | None = None, extra: dict | None = None) -> dict:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    gate = asyncio.Semaphore(concurrency)
+    done: list[dict] = []
+    errors: list[str] = []
+
+    async def worker(i: int, client: httpx.AsyncClient):
+        body = {"model": model, "messages": [{"role": "user", "content": prompts[i % len(prompts)]}],
+                "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}, **(extra or {})}
+        async with gate:
+            try:
+                done.append(await one_request(client, url, body, headers))
+            except Exception as e:  # noqa: BLE001 - every failure is one error of the level
+                errors.append(f"{type(e).__name__}: {e}")
+
+    before = await server_counters(url)
+    t0 = time.perf_counter()
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout)) as client:
+        tasks = [asyncio.create_task(worker(i, client)) for i in range(requests)]
+        _, late = await asyncio.wait(tasks, timeout=timeout)
+        for t in late:
+            t.cancel()
+        if late:
+            await asyncio.wait(late)
+            errors.extend(["timeout"] * len(late))
+    wall = time.perf_counter() - t0
+    after = await server_counters(url)
+    server = {k: after[k] - before[k] for k in SERVER_COUNTERS}
+    gaps = [g for d in done for g in d["gaps"]]
+    ttfts = [d["ttft"] for d in done if d["ttft"] is not None]
+    tokens = sum(d["tokens"] for d in done)
+    return dict(concurrency=concurrency, requests=requests, completed=len(done), errors=len(errors),
+                error_samples=sorted(set(errors))[:3], seconds=wall, tokens=tokens, throughput=tokens / wall,
+                ttft_p50=percentile(ttfts, 0.5), ttft_p99=percentile(ttfts, 0.99),
+                itl_p50=percentile(gaps, 0.5), itl_p99=percentile(gaps, 0.99),
+                itl_mean=statistics.fmean(gaps) if gaps else None, server=server,
+                alpha=server["accepted"] / server["drafted"] if server["drafted"] else None)
+
+
+SERVER_COUNTERS = {"steps": "specdec_steps_total", "over_budget": "specdec_steps_over_budget_total",
+                   "drafted": "specdec_drafted_tokens_total", "accepted": "specdec_accepted_tokens_total"}
+
+
+async def server_counters(url: str) -> dict[str, float]:
+    """The server's own view (its /metrics), summed over labels: steps, steps past the budget, drafted and
+    accepted tokens. A level's difference says whether and how much it speculated."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient(timeout=10) as client:
+        text = (await client.get(url + "/metrics")).text
+    totals = dict.fromkeys(SERVER_COUNTERS, 0.0)
+    names = {v: k for k, v in SERVER_COUNTERS.items()}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in names:
+                totals[names[sample.name]] += sample.value
+    return totals
+
+
+def markdown(levels: list[dict], title: str) -> str:
+    ms = lambda x: "–" if x is None else f"{1000 * x:.0f}"  # noqa: E731
+    rows = [f"## {title}", "",
+            "| mode | concurrency | completed | errors | tokens/s | TTFT p50 ms | ITL p50 ms | ITL p99 ms "
+            "| drafted per step | α | steps past budget |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for lv in levels:
+        sv, steps = lv["server"], max(lv["server"]["steps"], 1)
+        alpha = "–" if lv["alpha"] is None else f"{lv['alpha']:.2f}"
+        rows.append(f"| {lv.get('mode', '-')} | {lv['concurrency']} | {lv['completed']}/{lv['requests']} | "
+                    f"{lv['errors']} | {lv['throughput']:.2f} | {ms(lv['ttft_p50'])} | {ms(lv['itl_p50'])} | "
+                    f"{ms(lv['itl_p99'])} | {sv['drafted'] / steps:.2f} | {alpha} | {sv['over_budget'] / steps:.0%} |")
+    return "\n".join(rows) + "\n"
+
+
+def plot(levels: list[dict], path, title: str) -> str:
+    """Throughput and p99 inter-token latency against concurrency, one line per speculation mode."""
+    from specdec.plots import _figure, _save
+
+    fig = _figure(10, 4.2)
+    ax_t, ax_l = fig.subplots(1, 2)
+    for mode in dict.fromkeys(lv.get("mode", "-") for lv in levels):
+        mine = [lv for lv in levels if lv.get("mode", "-") == mode]
+        xs = [lv["concurrency"] for lv in mine]
+        ax_t.plot(xs, [lv["throughput"] for lv in mine], marker="o", label=mode)
+        ax_l.plot(xs, [1000 * (lv["itl_p99"] or float("nan")) for lv in mine], marker="o", label=mode)
+    ticks = sorted({lv["concurrency"] for lv in levels})
+    for ax, what in ((ax_t, "throughput (tokens/s)"), (ax_l, "p99 inter-token latency (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("concurrent streaming clients")
+        ax.set_ylabel(what)
+        ax.grid(alpha=0.3)
+        ax.legend(title="speculation")
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)

@@ -1,0 +1,95 @@
+"""The occupancy-aware scheduler (the lesson's Chapter 7): before every server step, grant each decoding
+request a draft length k so that speculation spends only the idle compute the batch leaves.
+
+Each request asks for the k its own adaptive-k estimator chooses from its measured acceptance alpha and
+draft cost tau. Requests are served in priority order, interactive before batch, and within a class the
+larger marginal gain per verified position first: (E[tokens](k) - 1) / (k + 1). Each gets its full k or
+k = 0 for this step, never a little to all. What "fits" depends on what is known about the step's cost:
+
+- **A budget line** (a number: the lesson's 156, or `--budget N`). A step over B requests already fills
+  B positions; a speculating request spends k + 1 units of the headroom budget - B, the lesson's
+  accounting (`theory.speculation_cost`), and headroom goes by priority (`theory.allocate_headroom`).
+  An ask longer than the whole headroom is first shortened to fit it.
+  Worked example (Ch. 7): budget 156, B = 120 -> 36 units; ten interactive requests asking k = 4
+  (5 units each): seven get k = 4 (35 units), the other three and every batch job get k = 0.
+- **A measured cost curve** (`specdec probe`: the time of one forward over n positions relative to one).
+  On a CPU the curve rises gradually instead of breaking at a line, so a request gets its k when the
+  step's predicted throughput, tokens over time, rises with it:
+      tokens = sum of E_i(k_i) over the decoding requests (1 for a plain step)
+      time   = cost(B + prefill + sum k_i) + sum k_i * tau_i        (in one-position steps)
+  Example: a curve with cost(1) = 1, cost(5) = 1.3, alpha 0.8 (E(4) = 3.36): alone, k = 4 turns one
+  token per 1.0 into 3.36 per 1.3: granted. Beside three others at cost(4) = 1.16, it would cost
+  cost(8) = 1.54 for 2.36 more tokens: 6.36 / 1.54 = 4.1 against 4 / 1.16 = 3.4: granted. At B = 8
+  (cost 1.54) it would cost cost(12) = 2.03: 10.36 / 2.03 = 5.1 against 8 / 1.54 = 5.2: refused.
+
+Modes: auto (the above), always (every ask granted: speculation ignoring the load), never (k = 0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from specdec import theory
+
+MODES = ("auto", "always", "never")
+PRIORITIES = ("interactive", "batch")
+
+
+@dataclass(frozen=True)
+class Ask:
+    name: str
+    k: int                      # the draft length this request's estimator wants now
+    priority: str = "interactive"
+    tokens: float = 1.0         # E[tokens per round] at that k, from the request's measured alphas
+    tau: float = 0.0            # its draft cost per token, in one-position steps
+
+    @property
+    def gain(self) -> float:
+        """Marginal tokens per verified position: what one unit of the step's room buys from this request."""
+        return (self.tokens - 1) / theory.speculation_cost(self.k)
+
+
+def extend(curve: Callable[[int], float], last: int = 64) -> Callable[[int], float]:
+    """A probe curve (measured up to `last` positions) extended in proportion past its last point."""
+    return lambda n: curve(n) if n <= last else curve(last) * n / last
+
+
+def line_of(cost: Callable[[int], float], tolerance: float = 0.10) -> int:
+    """The budget line a curve implies, as `specdec probe` reports it: the most positions (up to 64) whose
+    forward costs within 10% of one position's."""
+    return max(n for n in range(1, 65) if cost(n) <= 1 + tolerance)
+
+
+def grant(asks: list[Ask], batch: int, prefill: int = 0, mode: str = "auto", budget: float | None = None,
+          cost: Callable[[int], float] | None = None) -> dict[str, int]:
+    """k for every asking request this step. `batch`: B, the requests decoding (asking or not); `prefill`:
+    prompt tokens scheduled beside them. Give `budget` (a line) or `cost` (a measured curve) for auto."""
+    if mode not in MODES:
+        raise ValueError(f"speculation mode must be one of {', '.join(MODES)}, got {mode!r}")
+    for a in asks:
+        if a.priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, got {a.priority!r}")
+    if mode == "never":
+        return {a.name: 0 for a in asks}
+    if mode == "always":
+        return {a.name: a.k for a in asks}
+    order = sorted(asks, key=lambda a: (a.priority != "interactive", -a.gain))
+    if budget is not None:
+        room = max(theory.headroom(budget, batch + prefill), 0.0)
+        cap = max(math.floor(room + 1e-9) - 1, 0)  # the longest draft whose k + 1 units fit at all
+        sessions = [theory.Session(a.name, min(a.k, cap), a.priority == "interactive", -i)
+                    for i, a in enumerate(order)]
+        return theory.allocate_headroom(sessions, room)
+    if cost is None:
+        raise ValueError("auto speculation needs a budget or a cost curve")
+    positions, tokens, drafting = batch + prefill, float(batch), 0.0
+    granted = {a.name: 0 for a in asks}
+    for a in order:
+        before = tokens / (cost(positions) + drafting)
+        after = (tokens + a.tokens - 1) / (cost(positions + a.k) + drafting + a.k * a.tau)
+        if a.k > 0 and after > before:
+            granted[a.name] = a.k
+            positions, tokens, drafting = positions + a.k, tokens + a.tokens - 1, drafting + a.k * a.tau
+    return granted

@@ -1,0 +1,312 @@
+"""`specdec serve` over HTTP: the official openai client against a live server on a random port (chat and
+completions, streaming and not), concurrent streaming clients whose outputs equal their single-request
+greedy outputs, SSE framing, bad requests -> 400 with an OpenAI-style error, the API key, a vanishing
+client frees its slot, /metrics names, and Ctrl-C exits cleanly."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import torch
+import uvicorn
+
+from specdec.decode import Request, decode
+from specdec.drafters.prompt_lookup import PromptLookup
+from specdec.runtime.loader import load_transformer
+from specdec.serving.app import create_app
+from specdec.serving.engine import Engine
+from specdec.tokenizer import Tokenizer
+from tests.tiny import save_tiny
+
+PROMPTS = ["abcabcabcabc abc", "hello hello hello", "x", "the cat sat on the mat; the cat sat", "0123456789" * 5,
+           "aaaa", "xyz xyz", "Speculate, then verify."]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = save_tiny("llama", tmp_path_factory.mktemp("serve"))
+    return str(folder), load_transformer(folder, torch.float32), Tokenizer(folder)
+
+
+class Live:
+    """A uvicorn server in a thread, on a free port of 127.0.0.1."""
+
+    def __init__(self, app):
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def live(tiny):
+    folder, model, tok = tiny
+    engine = Engine(model, tok, budget=6, max_batch=4, prefill_chunk=16)
+    server = Live(create_app(engine, folder))
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def client(live):
+    return openai.OpenAI(base_url=live.url + "/v1", api_key="none", max_retries=0)
+
+
+def greedy(tiny, ids, max_new):
+    _, model, tok = tiny
+    return list(decode(model, tok, ids, Request(max_new_tokens=max_new), PromptLookup()))[-1].result
+
+
+def test_completions_streaming_and_not(tiny, client):
+    folder, _, tok = tiny
+    ref = greedy(tiny, tok.encode(PROMPTS[0], chat=False), 24)
+    r = client.completions.create(model=folder, prompt=PROMPTS[0], max_tokens=24, temperature=0)
+    assert r.choices[0].text == ref.text and r.choices[0].finish_reason == ref.finish_reason
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (ref.prompt_tokens, ref.new_tokens)
+    parts = list(client.completions.create(model=folder, prompt=PROMPTS[0], max_tokens=24, temperature=0,
+                                           stream=True, stream_options={"include_usage": True}))
+    assert "".join(p.choices[0].text for p in parts if p.choices) == ref.text
+    assert parts[-1].usage.completion_tokens == ref.new_tokens
+    r = client.completions.create(model=folder, prompt=PROMPTS[1], max_tokens=5, temperature=0,
+                                  extra_body={"speculation": {"method": "prompt-lookup", "k": 3}, "priority": "batch"})
+    assert r.choices[0].text == greedy(tiny, tok.encode(PROMPTS[1], chat=False), 5).text
+
+
+def test_chat_streaming_and_not(tiny, client):
+    folder, _, tok = tiny
+    ref = greedy(tiny, tok.encode(PROMPTS[3], chat=True), 20)
+    messages = [{"role": "user", "content": PROMPTS[3]}]
+    r = client.chat.completions.create(model=folder, messages=messages, max_tokens=20, temperature=0)
+    assert r.choices[0].message.content == ref.text and r.choices[0].message.role == "assistant"
+    assert r.usage.completion_tokens == ref.new_tokens and r.usage.prompt_tokens == ref.prompt_tokens
+    parts = list(client.chat.completions.create(model=folder, messages=messages, max_tokens=20, temperature=0,
+                                                stream=True))
+    assert parts[0].choices[0].delta.role == "assistant"
+    assert "".join(p.choices[0].delta.content or "" for p in parts) == ref.text
+    assert parts[-1].choices[0].finish_reason == ref.finish_reason
+    assert [m.id for m in client.models.list().data] == [folder]
+
+
+def test_concurrent_streaming_clients_equal_their_greedy_outputs(tiny, client, live):
+    folder, _, tok = tiny
+    refs = [greedy(tiny, tok.encode(p, chat=False), 40).text for p in PROMPTS]
+
+    def one(i):
+        s = client.completions.create(model=folder, prompt=PROMPTS[i % len(PROMPTS)], max_tokens=40,
+                                      temperature=0, stream=True)
+        return "".join(p.choices[0].text for p in s)
+
+    with ThreadPoolExecutor(16) as pool:
+        outs = list(pool.map(one, range(16)))
+    assert outs == [refs[i % len(PROMPTS)] for i in range(16)]
+    assert httpx.get(live.url + "/health").json() == {"status": "ok", "running": 0, "waiting": 0}
+
+
+def test_sse_framing(tiny, live):
+    folder, _, _ = tiny
+    body = {"model": folder, "prompt": "abc", "max_tokens": 6, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", live.url + "/v1/completions", json=body) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    frames = raw.split("\n\n")
+    assert frames[-1] == "" and frames[-2] == "data: [DONE]"
+    events = [json.loads(f.removeprefix("data: ")) for f in frames[:-2]]
+    assert all(f.startswith("data: ") for f in frames[:-1])
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] <= 6
+    assert events[-2]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert all(e["object"] == "text_completion" and e["id"] == events[0]["id"] for e in events)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"model": "gpt-4"}, "not served"),
+    ({"max_tokens": 1000}, "context"),
+    ({"temperature": -0.5}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"logit_bias": {"5": 1}}, "unknown field 'logit_bias'"),
+    ({"n": 2}, "n"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"speculation": {"method": "draft"}}, "method"),
+    ({"priority": "vip"}, "priority"),
+    ({"prompt": [999999]}, "token ids"),
+])
+def test_bad_requests_get_400(tiny, live, change, words):
+    folder, _, _ = tiny
+    body = {"model": folder, "prompt": "abc", "max_tokens": 4, **change}
+    r = httpx.post(live.url + "/v1/completions", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert words in err["message"] and err["type"] == "invalid_request_error"
+
+
+def test_malformed_json_and_unknown_paths(live):
+    r = httpx.post(live.url + "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = httpx.post(live.url + "/v1/chat/completions", json={"model": "m", "messages": []})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    assert httpx.get(live.url + "/v1/nope").status_code == 404
+
+
+def test_openai_client_sees_400_as_bad_request(tiny, client):
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model=tiny[0], prompt="a", temperature=-1)
+
+
+def test_metrics_names_documented_in_readme(tiny, client, live):
+    client.completions.create(model=tiny[0], prompt=PROMPTS[0], max_tokens=10, temperature=0)
+    text = httpx.get(live.url + "/metrics").text
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    names = ["specdec_batch_size", "specdec_queue_length", "specdec_budget_positions", "specdec_steps_total",
+             "specdec_steps_over_budget_total", "specdec_step_positions", "specdec_tokens_per_step",
+             "specdec_drafted_tokens_total", "specdec_accepted_tokens_total", "specdec_realized_alpha",
+             "specdec_position_drafted_total", "specdec_position_accepted_total", "specdec_k_granted",
+             "specdec_inter_token_seconds", "specdec_time_to_first_token_seconds", "specdec_requests_total"]
+    for name in names:
+        assert name in text and name in readme, name
+    assert 'specdec_requests_total{finish="length"}' in text or 'specdec_requests_total{finish="stop"}' in text
+
+
+class SlowEngine(Engine):
+    def step(self):
+        time.sleep(0.02)
+        super().step()
+
+
+def test_api_key_and_disconnect_frees_the_slot(tiny):
+    folder, model, tok = tiny
+    engine = SlowEngine(model, tok, budget=6, max_batch=1)
+    server = Live(create_app(engine, folder, api_key="s3cret"))
+    try:
+        body = {"model": folder, "prompt": "abc", "max_tokens": 200, "temperature": 0, "stream": True}
+        r = httpx.post(server.url + "/v1/completions", json=body)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert httpx.get(server.url + "/health").status_code == 200  # health needs no key
+        auth = {"Authorization": "Bearer s3cret"}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=auth) as r:
+            next(r.iter_lines())
+            assert engine.running
+        end = time.time() + 10
+        while engine.running and time.time() < end:
+            time.sleep(0.05)
+        assert not engine.running
+        assert 'specdec_requests_total{finish="cancelled"} 1.0' in httpx.get(server.url + "/metrics").text
+        with pytest.raises(httpx.ReadTimeout):  # a non-streaming client that gives up
+            httpx.post(server.url + "/v1/completions", json={**body, "stream": False}, headers=auth, timeout=1.0)
+        end = time.time() + 10
+        while engine.running and time.time() < end:
+            time.sleep(0.05)
+        assert 'specdec_requests_total{finish="cancelled"} 2.0' in httpx.get(server.url + "/metrics").text
+        # a slow client does not stall the next one
+        good = openai.OpenAI(base_url=server.url + "/v1", api_key="s3cret", max_retries=0)
+        assert good.completions.create(model=folder, prompt="abc", max_tokens=3, temperature=0).usage.completion_tokens
+    finally:
+        server.close()
+
+
+def test_ctrl_c_exits_cleanly(tiny):
+    folder = tiny[0]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--model", folder, "--dtype", "fp32",
+                             "--port", str(port), "--budget", "4"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.time() + 60
+        while time.time() < end:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        assert "127.0.0.1" in proc.stderr.read()
+    finally:
+        proc.kill()
+
+
+def test_loadtest_against_a_live_server(tiny, live, tmp_path):
+    from specdec.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"category": "t", "question_id": i, "turns": [p]})
+                                 for i, p in enumerate(PROMPTS)) + "\n")
+    assert main(["loadtest", "--url", live.url, "--concurrency", "1,3", "--requests", "5", "--prompts", str(prompts),
+                 "--max-tokens", "8", "--out", str(tmp_path / "lt")]) == 0
+    d = json.loads((tmp_path / "lt" / "loadtest.json").read_text())
+    assert d["model"] == tiny[0] and [lv["concurrency"] for lv in d["levels"]] == [1, 3]
+    for lv in d["levels"]:
+        assert lv["errors"] == 0 and lv["completed"] == 5 and lv["tokens"] > 0 and lv["ttft_p50"] > 0
+    assert "| - | 3 | 5/5 | 0 |" in (tmp_path / "lt" / "loadtest.md").read_text()
+    assert all(lv["server"]["steps"] > 0 and lv["server"]["drafted"] >= 0 for lv in d["levels"])
+    assert (tmp_path / "lt" / "loadtest.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["loadtest", "--url", "http://10.0.0.1:8000", "--prompts", str(prompts)]) == 2  # loopback only
+
+
+def test_loadtest_starts_its_own_servers(tiny, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"turns": ["abcabc"]}) + "\n")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-m", "specdec.cli", "loadtest", "--serve", "never,auto", "--model", tiny[0],
+                          "--dtype", "fp32", "--budget", "4", "--concurrency", "2", "--requests", "2",
+                          "--prompts", str(prompts), "--max-tokens", "4", "--out", str(tmp_path / "lt")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    levels = json.loads((tmp_path / "lt" / "loadtest.json").read_text())["levels"]
+    assert [(lv["mode"], lv["errors"], lv["completed"]) for lv in levels] == [("never", 0, 2), ("auto", 0, 2)]
+    assert levels[0]["server"]["drafted"] == 0 and levels[0]["alpha"] is None  # never speculates
+
+
+def test_dashboard_page_in_a_browser(tiny, client, live, tmp_path):
+    """The live page reads /metrics in headless chromium: cards, realized alpha and latency split filled in."""
+    from tests.test_race_browser import CHROMIUM_ARGS, chromium  # skips with SPECDEC_SKIP_BROWSER=1
+
+    from playwright.sync_api import sync_playwright
+
+    for p in PROMPTS[:3]:
+        client.completions.create(model=tiny[0], prompt=p, max_tokens=12, temperature=0)
+    errors = []
+    with sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=chromium(),
+                                                    headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = ctx.new_page()
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(live.url + "/dashboard")
+            page.wait_for_function("document.getElementById('status').textContent.startsWith('updated')",
+                                   timeout=20_000)
+            cards = page.inner_text("#cards")
+            assert "budget (positions)\n6" in cards and "steps past the budget" in cards
+            assert "prompt-lookup" in page.inner_text("#alpha") and "not speculating" in page.inner_text("#latency")
+        finally:
+            ctx.close()
+    assert not errors
+
+
+@pytest.mark.parametrize("argv, words", [(["--budget", "lots"], "--budget"), (["--budget", "0"], "--budget"),
+                                         (["--port", "70000"], "--port"), (["--max-batch", "0"], "--max-batch")])
+def test_serve_refuses_bad_flags_in_one_line(argv, words, capsys):
+    from specdec.cli import main
+
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and err.startswith("specdec serve: error:") and "\n" not in err

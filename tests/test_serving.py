@@ -1,0 +1,312 @@
+"""The batched engine and its scheduler: the packed forward equals each request's own forward, every
+request's greedy output equals its single-request decode() (chains, trees, chunked prefill, joins and
+leaves), cancelled jobs free their slot, and the scheduler reproduces the lesson's Ch. 7 allocation and
+never spends past the budget."""
+
+import random
+
+import pytest
+import torch
+
+from specdec import theory
+from specdec.adaptive import AdaptiveK, CostCurve, FixedK
+from specdec.decode import Request, decode
+from specdec.draft import Draft, forward_layout
+from specdec.drafters.base import Drafter
+from specdec.drafters.prompt_lookup import PromptLookup, lookup
+from specdec.errors import SpecdecError
+from specdec.runtime.loader import load_transformer
+from specdec.serving.batch import Segment, packed_forward
+from specdec.serving.engine import Engine, Job
+from specdec.serving.scheduler import Ask, grant
+from specdec.tokenizer import Tokenizer
+
+PROMPTS = ["abcabcabcabc abc", "hello hello hello", "x", "the cat sat on the mat; the cat sat", "0123456789" * 7]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_folder):
+    return load_transformer(tiny_folder, torch.float32), Tokenizer(tiny_folder)
+
+
+# --- the packed forward ------------------------------------------------------------------------------
+
+def test_packed_forward_equals_each_requests_own_forward(tiny):
+    model, _ = tiny
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (5, 40, 12)]
+    tree = Draft(torch.tensor([5, 6, 7, 8]), torch.tensor([-1, -1, 0, 0]))
+    offsets, local = forward_layout(tree)
+    own, packed = [], []
+    for p in prompts:  # the reference: each request alone, prompt then a chain or a tree
+        c = model.new_cache(128)
+        model(torch.tensor([p]), c)
+        start = c.length
+        mask = torch.ones(1, 5, start + 5, dtype=torch.bool)
+        mask[0, :, start:] = local
+        own.append((model(torch.tensor([[9, 10, 11]]), c).logits[0],
+                    model(torch.tensor([[9, 5, 6, 7, 8]]), c, positions=(start + 3 + offsets)[None],
+                          mask=torch.cat([torch.ones(1, 5, 3, dtype=torch.bool), mask], -1)).logits[0], c))
+        packed.append(model.new_cache(128))
+    first = packed_forward(model, [Segment(c, p, logits=False) for c, p in zip(packed, prompts)])
+    assert first == [None, None, None]
+    chains = packed_forward(model, [Segment(c, [9, 10, 11]) for c in packed])
+    trees = packed_forward(model, [Segment(c, [9, 5, 6, 7, 8], offsets, local) for c in packed])
+    for (chain, tr, c), a, b, pc in zip(own, chains, trees, packed):
+        torch.testing.assert_close(a, chain, rtol=0, atol=1e-4)
+        torch.testing.assert_close(b, tr, rtol=0, atol=1e-4)
+        assert pc.length == c.length
+        torch.testing.assert_close(pc.k[0][:, :, :pc.length], c.k[0][:, :, :c.length], rtol=0, atol=1e-5)
+
+
+# --- the engine: output equals decode() ---------------------------------------------------------------
+
+class TinyTree(Drafter):
+    """A deterministic tree for the tests: prompt lookup's chain, plus a sibling at the first level."""
+
+    name = "tiny-tree"
+
+    def propose(self, ctx, k):
+        chain = lookup(ctx.tokens, k)
+        if not chain:
+            return Draft.empty()
+        tokens = [chain[0], (chain[0] + 1) % 90 + 3] + chain[1:]
+        parents = [-1, -1] + [0] + list(range(2, len(chain)))
+        return Draft(torch.tensor(tokens), torch.tensor(parents[:len(tokens)]))
+
+
+def reference(model, tok, ids, max_new, drafter=None, policy=None):
+    return list(decode(model, tok, ids, Request(max_new_tokens=max_new), drafter, policy))[-1].result
+
+
+def run_engine(engine, jobs, join_every=2):
+    """Submit jobs two at a time, a few steps apart (requests join while others decode)."""
+    events = {j.id: [] for j in jobs}
+    for j in jobs:
+        j.on_event = events[j.id].append
+    pending, steps = list(jobs), 0
+    while pending or engine.busy:
+        if pending and steps % join_every == 0:
+            engine.submit(pending.pop(0))
+        engine.step()
+        steps += 1
+    return events
+
+
+@pytest.mark.parametrize("mode, budget", [("auto", 6), ("auto", None), ("always", 6), ("never", 6)])
+def test_engine_greedy_equals_single_request_decode(tiny, mode, budget):
+    model, tok = tiny
+    ids = [tok.encode(p, chat=False) for p in PROMPTS]
+    refs = [reference(model, tok, i, 30, PromptLookup(), AdaptiveK()) for i in ids]
+    curve = CostCurve({1: 1.0, 4: 1.1, 8: 1.6, 64: 8.0})  # budget None: this curve decides
+    engine = Engine(model, tok, budget=budget, cost=curve, speculation=mode, max_batch=3, prefill_chunk=16)
+    jobs = [Job(i, Request(max_new_tokens=30), method="prompt-lookup" if n % 4 else "plain",
+                priority="batch" if n % 2 else "interactive") for n, i in enumerate(ids)]
+    events = run_engine(engine, jobs)
+    for job, ref in zip(jobs, refs):
+        ev = events[job.id]
+        assert [t for e in ev for t in e.tokens] == ref.token_ids
+        assert "".join(e.text for e in ev) == ref.text
+        assert ev[-1].finish_reason == ref.finish_reason and ev[-1].completion_tokens == ref.new_tokens
+        assert all(e.finish_reason is None for e in ev[:-1])
+    assert not engine.running and not engine.waiting
+    drafted = sum(d for d, _ in engine.metrics.totals.values())
+    assert (drafted > 0) == (mode != "never")  # the equality above covered speculative rounds
+
+
+def test_engine_trees_and_fixed_k_equal_decode(tiny):
+    model, tok = tiny
+    ids = [tok.encode(p, chat=False) for p in PROMPTS[:4]]
+    refs = [reference(model, tok, i, 25, TinyTree(), FixedK(3)) for i in ids]
+    engine = Engine(model, tok, budget=100, speculation="always", max_batch=4)
+    engine.new_drafter = lambda method: TinyTree()  # the engine runs any per-request drafter
+    jobs = [Job(i, Request(max_new_tokens=25), method="prompt-lookup", k=3) for i in ids]
+    events = run_engine(engine, jobs, join_every=1)
+    for job, ref in zip(jobs, refs):
+        assert [t for e in events[job.id] for t in e.tokens] == ref.token_ids
+
+
+def test_speculation_never_runs_sampling_like_plain_decode(tiny):
+    model, tok = tiny
+    from specdec.sampling import SamplingParams
+
+    request = Request(max_new_tokens=20, sampling=SamplingParams(temperature=0.9, top_p=0.95, seed=3))
+    ids = tok.encode(PROMPTS[0], chat=False)
+    ref = list(decode(model, tok, ids, request))[-1].result
+    engine = Engine(model, tok, budget=6, speculation="never")
+    events = run_engine(engine, [Job(ids, request, method="prompt-lookup"), Job(ids, Request(max_new_tokens=9))])
+    first = next(iter(events.values()))
+    assert [t for e in first for t in e.tokens] == ref.token_ids
+
+
+def test_cancel_frees_the_slot_at_the_next_step(tiny):
+    model, tok = tiny
+    ids = tok.encode(PROMPTS[1], chat=False)
+    engine = Engine(model, tok, budget=6, max_batch=1)
+    got = {"a": [], "b": [], "c": []}
+    a, b, c = (Job(ids, Request(max_new_tokens=40), on_event=got[n].append) for n in "abc")
+    for j in (a, b, c):
+        engine.submit(j)
+    engine.step()
+    engine.step()
+    assert [s.job for s in engine.running] == [a] and len(engine.waiting) == 2
+    a.cancel()
+    b.cancel()  # still waiting: dropped too
+    engine.step()
+    assert [s.job for s in engine.running] == [c]
+    assert got["a"][-1].finish_reason == "cancelled" and got["b"][-1].finish_reason == "cancelled"
+    while engine.busy:
+        engine.step()
+    assert got["c"][-1].finish_reason in ("stop", "length")
+    assert sum(len(e.tokens) for e in got["c"]) == reference(model, tok, ids, 40).new_tokens
+
+
+def test_bad_jobs_are_refused(tiny):
+    model, tok = tiny
+    engine = Engine(model, tok, budget=6)
+    for job, msg in [(Job([], Request()), "empty"), (Job([5] * 200, Request(max_new_tokens=100)), "context"),
+                     (Job([5], Request(), method="draft"), "method"), (Job([5], Request(), priority="vip"), "priority"),
+                     (Job([5], Request(), k=-1), "k")]:
+        with pytest.raises(SpecdecError, match=msg):
+            engine.submit(job)
+    with pytest.raises(SpecdecError, match="speculation"):
+        Engine(model, tok, budget=6, speculation="sometimes")
+
+
+def test_a_failing_step_ends_its_requests_with_an_error(tiny):
+    model, tok = tiny
+    engine = Engine(model, tok, budget=6)
+    got = []
+    engine.submit(Job(tok.encode("abc", chat=False), Request(max_new_tokens=5), on_event=got.append))
+    engine.step()
+    engine.model = None  # the next forward fails
+    engine.step()
+    assert got[-1].finish_reason == "error" and "Error" in got[-1].error and not engine.busy
+
+
+def test_a_failing_listener_cancels_only_its_own_job(tiny):
+    model, tok = tiny
+    ids = tok.encode(PROMPTS[1], chat=False)
+    engine = Engine(model, tok, budget=6)
+    got = []
+
+    def broken(event):
+        raise RuntimeError("client gone")
+
+    bad = Job(ids, Request(max_new_tokens=20), on_event=broken)
+    engine.submit(bad)
+    engine.submit(Job(ids, Request(max_new_tokens=20), on_event=got.append))
+    while engine.busy:
+        engine.step()
+    assert bad.cancelled and [t for e in got for t in e.tokens] == reference(model, tok, ids, 20).token_ids
+
+
+def test_a_job_that_cannot_start_fails_alone(tiny):
+    model, tok = tiny
+    engine = Engine(model, tok, budget=6)
+    plain = engine.new_drafter
+
+    def new_drafter(method):
+        if method == "prompt-lookup":
+            raise MemoryError("no room")
+        return plain(method)
+
+    engine.new_drafter = new_drafter
+    a, b = [], []
+    ids = tok.encode("abc", chat=False)
+    engine.submit(Job(ids, Request(max_new_tokens=5), method="prompt-lookup", on_event=a.append))
+    engine.submit(Job(ids, Request(max_new_tokens=5), on_event=b.append))
+    while engine.busy:
+        engine.step()
+    assert a[-1].finish_reason == "error" and "MemoryError: no room" in a[-1].error
+    assert b[-1].finish_reason in ("stop", "length")
+
+
+def test_free_slots_go_to_interactive_jobs_first(tiny):
+    model, tok = tiny
+    engine = Engine(model, tok, budget=6, max_batch=1)
+    ids = tok.encode("abc", chat=False)
+    jobs = [Job(ids, Request(max_new_tokens=3), priority=p) for p in ("batch", "batch", "interactive", "batch")]
+    engine.submit(jobs[0])
+    engine.step()  # the first batch job takes the slot; the others arrive while it runs
+    for j in jobs[1:]:
+        engine.submit(j)
+    started = [jobs[0]]
+    while engine.busy:
+        engine.step()
+        started += [s.job for s in engine.running if s.job not in started]
+    assert started == [jobs[0], jobs[2], jobs[1], jobs[3]]
+
+# --- the scheduler -----------------------------------------------------------------------------------
+
+def test_lesson_allocation_b120():
+    """Ch. 7: budget 156, B = 120 -> 36 units; ten interactive sessions asking k = 4 (5 units each):
+    seven get k = 4 (35 units), the other three and the batch jobs get k = 0."""
+    asks = [Ask(f"chat-{i}", 4, "interactive", tokens=2.77) for i in range(10)]
+    asks += [Ask(f"job-{i}", 4, "batch", tokens=4.5) for i in range(5)]  # a larger gain does not jump the class
+    got = grant(asks, batch=120, budget=156)
+    assert [got[f"chat-{i}"] for i in range(10)] == [4] * 7 + [0] * 3
+    assert all(got[f"job-{i}"] == 0 for i in range(5))
+    assert 120 + sum(k + 1 for k in got.values() if k) == 155
+
+
+def test_priorities_gain_and_modes():
+    asks = [Ask("a", 4, "interactive", 2.0), Ask("b", 4, "interactive", 3.5), Ask("c", 2, "batch", 2.5)]
+    assert grant(asks, batch=3, budget=10) == {"a": 0, "b": 4, "c": 0}  # 7 units: b (larger gain), c does not fit
+    assert grant(asks, batch=3, budget=14) == {"a": 4, "b": 4, "c": 0}
+    assert grant(asks, batch=3, budget=17) == {"a": 4, "b": 4, "c": 2}
+    assert grant(asks, batch=2, prefill=10, budget=12) == {"a": 0, "b": 0, "c": 0}  # prefill fills the room too
+    assert grant(asks, batch=8, budget=4) == {"a": 0, "b": 0, "c": 0}  # past the budget: nobody speculates
+    assert grant(asks, batch=8, budget=4, mode="always") == {"a": 4, "b": 4, "c": 2}
+    assert grant(asks, batch=1, budget=100, mode="never") == {"a": 0, "b": 0, "c": 0}
+    # an ask longer than the whole headroom is shortened to fit it (a CPU's budget of 3 positions)
+    assert grant([Ask("a", 4, tokens=3.0)], batch=1, budget=3) == {"a": 1}
+    assert grant([Ask("a", 4, tokens=3.0), Ask("b", 4, tokens=3.0)], batch=2, budget=3) == {"a": 0, "b": 0}
+    with pytest.raises(ValueError, match="priority"):
+        grant([Ask("a", 1, "urgent")], 1, budget=10)
+    with pytest.raises(ValueError, match="budget or a cost curve"):
+        grant([Ask("a", 1)], 1)
+
+
+def test_measured_curve_grants_while_throughput_rises():
+    """The docstring's example on a CPU-like curve (Qwen2.5-Coder-1.5B bf16, BENCHMARKS.md's probe):
+    speculation pays alone and beside a few requests, and stops where the curve turns compute-bound."""
+    from specdec.adaptive import CostCurve
+    from specdec.serving.scheduler import extend, line_of
+
+    cpu = extend(CostCurve({1: 1.0, 2: 1.05, 3: 1.04, 4: 1.16, 6: 1.43, 8: 1.54, 16: 2.52, 64: 7.64}))
+    assert line_of(cpu) == 3 and cpu(128) == pytest.approx(15.28)
+    e4 = 1 + 0.8 + 0.8 ** 2 + 0.8 ** 3 + 0.8 ** 4  # 3.36
+    assert grant([Ask("a", 4, tokens=e4)], batch=1, cost=cpu) == {"a": 4}
+    assert grant([Ask("a", 4, tokens=1.2)], batch=1, cost=cpu) == {"a": 0}  # 1.2 tokens for 1.3 steps
+    asks = [Ask(str(i), 4, tokens=e4) for i in range(4)]
+    assert all(grant(asks, batch=4, cost=cpu).values())  # B = 4: each grant still raises the throughput
+    assert not any(grant(asks, batch=8, cost=cpu).values())  # B = 8: 10.4 tokens / 2.03 < 8 / 1.54
+    assert not any(grant(asks * 4, batch=32, cost=cpu).values())  # far past the line: nobody
+    # B = 7: room for one more grant; the interactive request gets it, although the batch job asked first
+    both = [Ask("job", 4, "batch", tokens=e4), Ask("chat", 4, "interactive", tokens=e4)]
+    assert grant(both, batch=7, cost=cpu) == {"job": 0, "chat": 4}
+    slow = [Ask("a", 4, tokens=e4, tau=0.6)]  # 3.36 tokens in 1.3 + 4 x 0.6 steps: slower than plain
+    assert grant(slow, batch=1, cost=cpu) == {"a": 0}
+
+
+def test_never_over_budget_property():
+    rng = random.Random(0)
+    for _ in range(2000):
+        budget = rng.randint(1, 200)
+        occupancy = rng.randint(0, 220)
+        asks = [Ask(str(i), rng.randint(1, 10), rng.choice(["interactive", "batch"]), 1 + 3 * rng.random())
+                for i in range(rng.randint(0, 40))]
+        got = grant(asks, occupancy, budget=budget)
+        spent = occupancy + sum(theory.speculation_cost(k) for k in got.values() if k)
+        cap = max(budget - occupancy - 1, 0)  # the longest draft that fits the headroom at all
+        asked = {a.name: min(a.k, cap) for a in asks}
+        assert all(got[a.name] in (0, asked[a.name]) for a in asks)  # full (reachable) k or none
+        if occupancy >= budget:
+            assert not any(got.values())
+        else:
+            assert spent <= budget
+        # no interactive request was refused while a batch job speculated in the room it would have used
+        refused = [a for a in asks if a.priority == "interactive" and asked[a.name] and not got[a.name]]
+        batch_spent = sum(theory.speculation_cost(got[a.name]) for a in asks if a.priority == "batch" and got[a.name])
+        assert all(theory.speculation_cost(asked[a.name]) > budget - spent + batch_spent for a in refused)
