@@ -137,4 +137,5 @@ def _load_quantized(folder: Path, fmt: str) -> Transformer:
     model.lm_head = QLinear(weights["lm_head"])
     model.load_state_dict(state, assign=True, strict=True)
     model.embed.out_dtype = torch.float32
+    model.quantized = fmt
     return model.eval()

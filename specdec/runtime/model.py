@@ -80,11 +80,6 @@ class QLinear(nn.Module):
         self.out_features = sum(p.out_features for p in parts)
         self.register_buffer("bias", None if bias is None else bias.float(), persistent=False)
 
-    @property
-    def fmt(self) -> str:
-        """q4 when any part is q4 (the rest the file's other types, as q8), else q8."""
-        return "q4" if any(p.fmt == "q4" for p in self.parts) else "q8"
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float().contiguous()
         y = torch.empty(flat.shape[0], self.out_features)
@@ -165,6 +160,8 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    quantized: str | None = None  # "q8" / "q4" when the loader made the projections QLinear
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -178,8 +175,7 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype | str:
         """The weights' dtype (what `--dtype` chose): names probes and measurements. "q8" or "q4" when the
         projections are quantized (QLinear; the embedding table then stays bf16 for lookups)."""
-        head = self.lm_head
-        return head.fmt if isinstance(head, QLinear) else self.embed.weight.dtype
+        return self.quantized or self.embed.weight.dtype
 
     @property
     def compute_dtype(self) -> torch.dtype:
