@@ -38,7 +38,7 @@ class LLM:
 
         self.name = model
         self.folder: Path = resolve(model, pull=pull)
-        self.dtype: torch.dtype = resolve_dtype(dtype)
+        self.dtype: torch.dtype | str = resolve_dtype(dtype, self.folder)
         self.model = load_transformer(self.folder, self.dtype)
         self.tokenizer = Tokenizer(self.folder)
         self.draft_name = draft

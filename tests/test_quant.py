@@ -195,3 +195,49 @@ def test_greedy_speculation_equals_plain(qenv, k):
         for drafter in drafters:
             spec = run(ids, drafter, FixedK(k if not isinstance(drafter, Lookahead) else 2))
             assert spec.token_ids == plain.token_ids and spec.text == plain.text, (drafter.name, text)
+
+
+# --- auto and quality ------------------------------------------------------------------------------
+
+def _with_marker(src, dst, types):
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    (dst / "specdec.json").write_text(json.dumps({"name": "x", "gguf_types": types}))
+    return dst
+
+
+def test_auto_picks_q4_for_a_q4_file_only(tiny_folder, tmp_path, monkeypatch, capsys):
+    from specdec.runtime.loader import resolve_dtype
+
+    q4 = _with_marker(tiny_folder, tmp_path / "q4", {"Q4_K": 168, "Q6_K": 29, "F32": 141})
+    q6 = _with_marker(tiny_folder, tmp_path / "q6", {"Q4_K": 10, "Q6_K": 29, "F32": 141})
+    today = resolve_dtype("auto")
+    if Q.isa() != "torch":
+        assert resolve_dtype("auto", q4) == "q4" and "q4" in capsys.readouterr().err
+    assert resolve_dtype("auto", q6) == today and resolve_dtype("auto", tiny_folder) == today
+    assert resolve_dtype("bf16", q4) == torch.bfloat16 and resolve_dtype("q8", q4) == "q8"
+    monkeypatch.setenv("SPECDEC_QKERNEL", "torch")  # no integer kernels: today's choice
+    assert resolve_dtype("auto", q4) == today
+
+
+def test_quality_reference_agrees_with_itself(tiny_folder):
+    from specdec.quality import measure
+
+    results = measure("tiny", tiny_folder, ["q8"], torch.float32, tasks=1)
+    assert [r.dtype for r in results] == ["float32", "q8"] and results[0].agreement == 1.0
+    assert all(r.tokens > 20 and 1 < r.perplexity < float("inf") for r in results)
+    assert 0.5 < results[1].agreement <= 1.0
+
+
+def test_quality_cli_json(tiny_folder, capsys):
+    import json
+
+    from specdec.cli import main
+
+    assert main(["quality", "--model", str(tiny_folder), "--dtype", "q4", "--ref", "fp32", "--tasks", "1",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["dtype"] for r in rows] == ["float32", "q4"] and rows[0]["agreement"] == 1.0
+    assert main(["quality", "--model", str(tiny_folder), "--dtype", "auto"]) == 2

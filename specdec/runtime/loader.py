@@ -6,10 +6,15 @@ bf16 where the skinny-GEMM kernel is available (`specdec.runtime.kernels`: gcc, 
 by SPECDEC_KERNEL=0): the matmul weights (qkv, o, gate_up, down, LM head) and the embedding table are
 kept in bf16 and everything else in fp32, so activations, attention and the KV cache run in fp32 and
 the matmuls read half the bytes. Without the kernel, bf16 means every tensor in bf16 (torch's matmul).
+
+q8 / q4 (passed as those strings): the projections and LM head come from the quantized cache
+(`specdec.store.quantized`, built on first use) as QLinear; the embedding table is bf16, the rest fp32.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import torch
@@ -35,10 +40,29 @@ def cpu_has_bf16_matmul() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
-def resolve_dtype(name: str | None) -> torch.dtype | str:
-    """`None`/"auto": bf16 where the CPU has bf16 matmuls or the bf16 skinny-GEMM kernel works, else fp32.
+def gguf_is_q4(folder: str | Path | None) -> bool:
+    """True when the model folder was converted from a GGUF file whose matrices are mostly 4-bit blocks
+    (Q4_K, Q4_1, Q4_0: what `--dtype q4` keeps as they are), from the store's marker."""
+    from specdec.store import MARKER
+
+    marker = Path(folder) / MARKER if folder is not None else None
+    if marker is None or not marker.is_file():
+        return False
+    types = json.loads(marker.read_text()).get("gguf_types") or {}
+    q4 = sum(types.get(t, 0) for t in ("Q4_K", "Q4_1", "Q4_0"))
+    return 2 * q4 > sum(v for t, v in types.items() if t != "F32")  # F32: norms and biases
+
+
+def resolve_dtype(name: str | None, folder: str | Path | None = None) -> torch.dtype | str:
+    """`None`/"auto": q4 for a model whose GGUF file holds 4-bit blocks, where the integer kernels run (its
+    own precision: the blocks load losslessly, so the quality is the file's); else bf16 where the CPU has
+    bf16 matmuls or the bf16 skinny-GEMM kernel works, else fp32. Says on stderr when it picks q4.
     "q8" / "q4" are returned as they are (quantized projections)."""
     if name in (None, "auto"):
+        if gguf_is_q4(folder) and quant.isa() != "torch":
+            print(f"specdec: --dtype auto: q4 (the GGUF's own 4-bit blocks, integer kernels on {quant.isa()})",
+                  file=sys.stderr)
+            return "q4"
         return torch.bfloat16 if cpu_has_bf16_matmul() or kernels.available() else torch.float32
     if name in QUANTIZED:
         return name
