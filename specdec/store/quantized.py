@@ -170,6 +170,7 @@ def _save(path: Path, weights: dict[str, list[Q.QWeight]], meta: dict) -> None:
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata={"layout": LAYOUT, "parts": json.dumps(parts), **meta})
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
