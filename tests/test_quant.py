@@ -87,6 +87,22 @@ def test_bad_input_is_one_clear_error():
     assert Q.matmul(torch.zeros(0, 32), qw).shape == (0, 8)
 
 
+def test_failed_build_runs_the_torch_path_with_one_warning(monkeypatch, tmp_path, caplog):
+    import logging
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    for name, value in (("_state", None), ("_lib", None), ("_reason", "")):
+        monkeypatch.setattr(Q, name, value)
+    w, x, b = case(40, 70, 3)
+    qw = Q.from_fp32(w, "q4")
+    with caplog.at_level(logging.WARNING, logger="specdec.runtime.kernels.quant"):
+        assert Q.isa() == "torch" and Q.isa() == "torch"
+        assert torch.equal(Q.matmul(x, qw, b), Q.reference(x, qw, b))
+    assert "no-such-compiler" in Q.reason()
+    assert len([r for r in caplog.records if "unavailable" in r.getMessage()]) == 1
+
+
 # --- the GGUF's own 4-bit blocks -------------------------------------------------------------------
 
 def _raw_q4k(rows, cols, seed=0):
