@@ -147,8 +147,7 @@ def build(folder: Path, fmt: str, gguf_path: Path | None = None) -> tuple[dict[s
 def cache_path(folder: Path, fmt: str) -> Path:
     from specdec.store import home
 
-    folder = Path(folder).resolve()
-    root = home().resolve()
+    folder, root = Path(os.path.abspath(folder)), Path(os.path.abspath(home()))  # the store's own paths, links kept
     if root in folder.parents:
         return folder / "quant" / f"{fmt}.safetensors"
     key = hashlib.sha256(str(folder).encode()).hexdigest()[:12]
