@@ -97,7 +97,7 @@ class LLM:
             folder = resolve(self.draft_name, pull=True)
             shared = check_same_tokenizer(self.tokenizer, Tokenizer(folder))
             model = load_transformer(folder, self.dtype)
-            weights = sum(p.numel() for p in model.parameters()) / sum(p.numel() for p in self.model.parameters())
+            weights = model.num_weights() / self.model.num_weights()
             self._draft = DraftModel(model, self.model.cfg.vocab_size, shared, tau_prior=weights)
         return self._draft
 

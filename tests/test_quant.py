@@ -257,3 +257,12 @@ def test_quality_cli_json(tiny_folder, capsys):
     rows = json.loads(capsys.readouterr().out)
     assert [r["dtype"] for r in rows] == ["float32", "q4"] and rows[0]["agreement"] == 1.0
     assert main(["quality", "--model", str(tiny_folder), "--dtype", "auto"]) == 2
+
+
+@pytest.mark.parametrize("fmt", Q.FORMATS)
+def test_num_weights_counts_quantized_projections(tiny_folder, fmt):
+    fp32 = load_transformer(tiny_folder, torch.float32)
+    q = load_transformer(tiny_folder, fmt)
+    tied = fp32.lm_head.weight is fp32.embed.weight  # the quantized head is a copy of its own
+    extra = fp32.embed.weight.numel() if tied else 0
+    assert q.num_weights() == fp32.num_weights() + extra

@@ -177,6 +177,12 @@ class Transformer(nn.Module):
         projections are quantized (QLinear; the embedding table then stays bf16 for lookups)."""
         return self.quantized or self.embed.weight.dtype
 
+    def num_weights(self) -> int:
+        """Parameters, counting quantized projections (QLinear) by their weights and biases (tied ones once)."""
+        quantized = sum(sum(p.out_features * p.in_features for p in m.parts) + (0 if m.bias is None else m.bias.numel())
+                        for m in self.modules() if isinstance(m, QLinear))
+        return sum(p.numel() for p in self.parameters()) + quantized
+
     @property
     def compute_dtype(self) -> torch.dtype:
         """The activations' (and KV cache's) dtype: fp32 when bf16 weights run through the kernel."""
