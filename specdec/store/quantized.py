@@ -178,14 +178,14 @@ def _save(path: Path, weights: dict[str, list[Q.QWeight]], meta: dict) -> None:
 
 def _load(path: Path) -> tuple[dict[str, list[Q.QWeight]], dict] | None:
     from safetensors import safe_open
+    from safetensors.torch import load_file
 
     try:
         with safe_open(str(path), framework="pt") as fh:
             meta = fh.metadata() or {}
-            if meta.get("layout") != LAYOUT:
-                return None
-            # copies in fresh memory: a 1.5B q4 step streamed them 15-25% faster than the reader's buffers
-            t = {name: fh.get_tensor(name).clone() for name in fh.keys()}
+        if meta.get("layout") != LAYOUT:
+            return None
+        t = load_file(str(path))
     except Exception:  # unreadable or half-written by an older version: rebuild
         return None
     weights = {name: [Q.QWeight(f, o, i, t[f"{name}.{j}.data"], t[f"{name}.{j}.scales"], t.get(f"{name}.{j}.mins"))
