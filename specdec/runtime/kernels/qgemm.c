@@ -31,7 +31,9 @@
  *
  * Tiling: each unit of work is UNIT groups (64 outputs), handed to the threads dynamically; within a
  * unit every block of weights is loaded once for up to ROWS = 8 rows (larger n: 8 rows per pass, the
- * unit's weights then come from L2).
+ * unit's weights then come from L2). The AVX512 path prefetches the weights PF_BLOCKS blocks ahead:
+ * a group's streams are short (48 blocks for 1536 inputs), too short for the hardware prefetcher alone
+ * (one core, median of 32, interleaved: q4 n = 1 0.88 -> 0.70 ms, n = 4 1.13 -> 0.80 ms for 17920 x 1536).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -47,6 +49,7 @@
 #define ROWS 8
 #define UNIT 4
 #define MIN_WORK (1 << 17) /* weights per thread, at least */
+#define PF_BLOCKS 16 /* software prefetch distance in blocks: 16-32 measured 1.2-1.7x faster than none */
 
 enum { FMT_Q8 = 8, FMT_Q4 = 4 };
 enum { ISA_AVX2 = 1, ISA_VNNI512 = 2 };
@@ -106,6 +109,12 @@ tile512(const int fmt, const uint8_t *W, const float *S, const float *M, acts a,
         __m512i is[ROWS];
         for (int r = 0; r < R; r++) is[r] = _mm512_setzero_si512();
         const int8_t *xb = a.xq + row0 * nb * QB + b * QB;
+        { /* the weights PF_BLOCKS blocks ahead (past the group's end: the next group's, laid out after it) */
+            const char *ahead = (const char *)(W + (b + PF_BLOCKS) * (fmt == FMT_Q8 ? 512 : 256));
+            for (int l = 0; l < (fmt == FMT_Q8 ? 8 : 4); l++) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
+            _mm_prefetch((const char *)(S + (b + PF_BLOCKS) * G), _MM_HINT_T0);
+            if (fmt == FMT_Q4) _mm_prefetch((const char *)(M + (b + PF_BLOCKS) * G), _MM_HINT_T0);
+        }
         if (fmt == FMT_Q8) {
             const uint8_t *w = W + b * 512;
             for (int t = 0; t < 8; t++) {
