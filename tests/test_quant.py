@@ -114,8 +114,8 @@ def _raw_q4k(rows, cols, seed=0):
     return b
 
 
-@pytest.mark.parametrize("qtype", quantized.RAW_Q4)
-def test_gguf_q4_blocks_are_lossless(qtype):
+@pytest.mark.parametrize("qtype", quantized.RAW_Q4 + quantized.RAW_Q8)
+def test_gguf_blocks_are_lossless(qtype):
     rows, cols = 6, 512
     t = gguf.GGMLQuantizationType[qtype]
     if qtype == "Q4_K":
@@ -123,9 +123,10 @@ def test_gguf_q4_blocks_are_lossless(qtype):
     else:
         raw = gguf.quants.quantize(np.random.default_rng(1).standard_normal((rows, cols)).astype(np.float32), t)
     want = torch.from_numpy(gguf.quants.dequantize(raw, t).reshape(rows, cols).astype(np.float32))
-    q, s, m = quantized.q4_blocks(raw, qtype, rows, cols)
-    assert q.max() <= 15
-    qw = Q.pack("q4", q, s, m, in_features=cols)
+    fmt = "q4" if qtype in quantized.RAW_Q4 else "q8"
+    q, s, m = (quantized.q4_blocks if fmt == "q4" else quantized.q8_blocks)(raw, qtype, rows, cols)
+    assert q.max() <= (15 if fmt == "q4" else 127) and q.min() >= (0 if fmt == "q4" else -127)
+    qw = Q.pack(fmt, q, s, m, in_features=cols)
     assert torch.equal(Q.dequantize(qw), want)  # the same fp32 weights, bit for bit
 
 
@@ -139,7 +140,7 @@ def test_q4_from_a_gguf_keeps_its_blocks(tmp_path):
     folder = resolve(str(path))
     weights, summary = quantized.load(folder, "q4")
     assert summary == {"q4 (Q4_1, as stored)": 2, "q4 (Q4_0, as stored)": 2,
-                       "q8 (from Q5_0, requantized)": 2, "q8 (from Q8_0, requantized)": 3,
+                       "q8 (Q5_0, as stored)": 2, "q8 (Q8_0, as stored)": 3,
                        "q8 (from Q5_1, requantized)": 2, "q8 (from F16, requantized)": 2,
                        "q8 (from BF16, requantized)": 2}
     from safetensors.torch import load_file
@@ -149,6 +150,8 @@ def test_q4_from_a_gguf_keeps_its_blocks(tmp_path):
     assert [p.fmt for p in qkv] == ["q4", "q8"] and qkv[0].out_features == 32
     assert torch.equal(Q.dequantize(qkv[0]), fp32["model.layers.0.self_attn.q_proj.weight"])
     assert torch.equal(Q.dequantize(weights["layers.1.o"][0]), fp32["model.layers.1.self_attn.o_proj.weight"])
+    kv = torch.cat([fp32[f"model.layers.0.self_attn.{x}_proj.weight"] for x in "kv"])  # Q5_0 (permuted), Q8_0
+    assert torch.equal(Q.dequantize(qkv[1]), kv)
     assert quantized.cache_path(folder, "q4").is_file()
     again, _ = quantized.load(folder, "q4")  # from the cache
     assert torch.equal(again["layers.0.qkv"][0].data, qkv[0].data)

