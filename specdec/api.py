@@ -43,7 +43,7 @@ class LLM:
         check_setup(draft=draft, sources=sources, exit_layer=exit_layer, lookahead=lookahead)
         self.name = model
         self.folder: Path = resolve(model, pull=pull)
-        self.dtype: torch.dtype = resolve_dtype(dtype)
+        self.dtype: torch.dtype | str = resolve_dtype(dtype, self.folder)
         self.model = load_transformer(self.folder, self.dtype)
         self.tokenizer = Tokenizer(self.folder)
         self.draft_name = draft
@@ -100,7 +100,7 @@ class LLM:
             folder = resolve(self.draft_name, pull=True)
             shared = check_same_tokenizer(self.tokenizer, Tokenizer(folder))
             model = load_transformer(folder, self.dtype)
-            weights = sum(p.numel() for p in model.parameters()) / sum(p.numel() for p in self.model.parameters())
+            weights = model.num_weights() / self.model.num_weights()
             self._draft = DraftModel(model, self.model.cfg.vocab_size, shared, tau_prior=weights)
         return self._draft
 

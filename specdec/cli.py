@@ -10,8 +10,8 @@ import sys
 from specdec import __version__
 from specdec.errors import SpecdecError
 
-COMMANDS = ["models", "pull", "generate", "probe", "calc", "plot", "bench", "datastore", "exit_layers", "race"]
-COMMANDS += ["serve", "loadtest"]  # specdec.serving
+COMMANDS = ["models", "pull", "generate", "probe", "quality", "calc", "plot", "bench", "datastore", "exit_layers",
+            "race", "serve", "loadtest"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -112,9 +112,14 @@ class ProbeResult:
 
 def weight_bytes_per_step(model: Transformer) -> int:
     """Bytes a one-token step reads: every weight once, except the embedding table (one row is gathered);
-    a tied LM head reads the table in full, so it counts once either way."""
+    a tied LM head reads the table in full, so it counts once either way. Quantized projections (q8/q4)
+    count their packed bytes, and their LM head is a copy of its own: the table is then never read in full."""
+    from specdec.runtime.model import QLinear
+
     total = sum(p.numel() * p.element_size() for p in model.parameters())  # tied weights listed once
-    if model.lm_head.weight is not model.embed.weight:
+    quantized = [m for m in model.modules() if isinstance(m, QLinear)]
+    total += sum(p.nbytes for m in quantized for p in m.parts)
+    if quantized or model.lm_head.weight is not model.embed.weight:
         total -= model.embed.weight.numel() * model.embed.weight.element_size()
     return total
 

@@ -160,12 +160,14 @@ def our_methods(llm, methods: Sequence[str], settings: BenchSettings) -> list[Ou
     return [OurMethod(llm, m, settings) for m in methods]
 
 
-def load_hf_model(folder, dtype: torch.dtype):
+def load_hf_model(folder, dtype: torch.dtype | str):
+    """The transformers model in `dtype` (bf16 for our quantized q8/q4, which transformers cannot run)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
     logging.set_verbosity_error()
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype if isinstance(dtype, torch.dtype)
+                                                else torch.bfloat16).eval()
 
 
 def hf_methods(llm, settings: BenchSettings, draft: str | None = None) -> list[HFMethod]:
@@ -260,8 +262,8 @@ def run_bench(llm, prompts: Sequence[BenchPrompt], runners: Sequence, settings: 
                 if settings.greedy:
                     ref = turn[0]["token_ids"]
                     for r, rec in zip(runners[1:], turn[1:]):
-                        if not getattr(r, "checked", True):  # an outside engine at another precision
-                            rec["checked"] = False
+                        if not getattr(r, "checked", True) or (rec["hf"] and not isinstance(llm.dtype, torch.dtype)):
+                            rec["checked"] = False  # another engine or other weights (HF bf16 against our q8/q4)
                             continue
                         rec["mismatch"] = explain_mismatch(llm, ids, ref, rec["token_ids"])
                         if rec["mismatch"]:

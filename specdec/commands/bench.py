@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    from specdec.commands.generate import DTYPE_HELP, add_lookahead_args, parse_k
+    from specdec.commands.generate import DTYPE_HELP, DTYPES, add_lookahead_args, parse_k
 
     p = sub.add_parser(
         "bench", help="benchmark decoding methods on prompt sets (Spec-Bench, HumanEvalFix)",
@@ -59,8 +59,8 @@ def register(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0, metavar="P",
                    help="nucleus mass in (0, 1] (default 1 = off)")
     p.add_argument("--seed", type=int, default=0, help="random seed for sampling, ours and HF's (default 0)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
-                   help=DTYPE_HELP + "; HF runs the same weights in the same dtype")
+    p.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help=DTYPE_HELP + "; HF runs the same weights in the same dtype (bf16 for q8/q4)")
     p.add_argument("--k", type=parse_k, default="auto", metavar="auto|N",
                    help="draft length: auto (adaptive, the default) or a fixed N")
     add_lookahead_args(p)

@@ -7,15 +7,18 @@ import json
 import sys
 
 
+DTYPES = ["auto", "fp32", "bf16", "q8", "q4"]
 DTYPE_HELP = ("weights: bf16 (native bf16 matmuls with AMX/AVX512-BF16, else bf16 weights through specdec's "
-              "AVX2 kernel with fp32 activations) or fp32; auto (default) = bf16 when either works, else fp32")
+              "AVX2 kernel with fp32 activations) or fp32; q8 / q4: 8-bit / 4-bit blocks of 32 through integer "
+              "kernels (q4 keeps a GGUF's own Q4_K/Q4_1/Q4_0 blocks, its other types as q8; built once and "
+              "cached); auto (default) = bf16 when either works, else fp32")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m",
                    help="known model name (see `specdec models`), a Hugging Face folder or a .gguf file "
                         "(default: smollm2-135m)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"], help=DTYPE_HELP)
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

@@ -31,7 +31,8 @@ def run(args) -> int:
 
     if args.repeats < 1:
         raise ValueError("--repeats must be at least 1")
-    model = load_transformer(resolve(args.model, pull=True), resolve_dtype(args.dtype))
+    folder = resolve(args.model, pull=True)
+    model = load_transformer(folder, resolve_dtype(args.dtype, folder))
     with tqdm(total=len(SIZES), desc="probe", unit="size", file=sys.stderr, disable=args.json) as bar:
         result = probe(model, args.model, repeats=args.repeats, progress=lambda n: bar.update(1))
     path = save(result)

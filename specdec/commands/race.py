@@ -6,6 +6,8 @@ import argparse
 
 
 def register(sub) -> None:
+    from specdec.commands.generate import DTYPES
+
     p = sub.add_parser(
         "race", help="a live side-by-side race of vanilla and speculative decoding in the browser",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -22,7 +24,7 @@ def register(sub) -> None:
     p.add_argument("--model", default="smollm2-135m",
                    help="model for the live race, loaded in the background at startup: a known name (see "
                         "`specdec models`; pulled if needed), a Hugging Face folder or a .gguf file (default: smollm2-135m)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
+    p.add_argument("--dtype", default="auto", choices=DTYPES,
                    help="compute dtype of the live race (default auto)")
     p.add_argument("--draft", default=None, metavar="NAME",
                    help="draft model for the live race's method 'draft' (same tokenizer as --model)")

@@ -77,7 +77,8 @@ def measured_defaults(model: str, dtype: str | None) -> dict | None:
     """The budget and step time `specdec probe --model MODEL` cached for this machine, if any."""
     from specdec.probe import load_cached
 
-    names = {"fp32": ["float32"], "bf16": ["bfloat16"]}.get(dtype or "auto", ["float32", "bfloat16"])
+    names = {"fp32": ["float32"], "bf16": ["bfloat16"], "q8": ["q8"], "q4": ["q4"]}.get(
+        dtype or "auto", ["float32", "bfloat16"])
     for name in names:
         try:
             probe = load_cached(model, name)

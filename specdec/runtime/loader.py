@@ -6,10 +6,15 @@ bf16 where the skinny-GEMM kernel is available (`specdec.runtime.kernels`: gcc, 
 by SPECDEC_KERNEL=0): the matmul weights (qkv, o, gate_up, down, LM head) and the embedding table are
 kept in bf16 and everything else in fp32, so activations, attention and the KV cache run in fp32 and
 the matmuls read half the bytes. Without the kernel, bf16 means every tensor in bf16 (torch's matmul).
+
+q8 / q4 (passed as those strings): the projections and LM head come from the quantized cache
+(`specdec.store.quantized`, built on first use) as QLinear; the embedding table is bf16, the rest fp32.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import torch
@@ -17,10 +22,13 @@ from safetensors import SafetensorError, safe_open
 
 from specdec.errors import SpecdecError
 from specdec.runtime import kernels
+from specdec.runtime.kernels import quant
 from specdec.runtime.config import ModelConfig
-from specdec.runtime.model import Transformer
+from specdec.runtime.model import QLinear, Transformer
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+QUANTIZED = quant.FORMATS  # "q8", "q4": quantized projections (`specdec.store.quantized`), passed as strings
+CHOICES = ["auto", "fp32", "bf16", *QUANTIZED]  # what --dtype accepts
 
 
 def cpu_has_bf16_matmul() -> bool:
@@ -32,12 +40,34 @@ def cpu_has_bf16_matmul() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
-def resolve_dtype(name: str | None) -> torch.dtype:
-    """`None`/"auto": bf16 where the CPU has bf16 matmuls or the bf16 skinny-GEMM kernel works, else fp32."""
+def gguf_is_q4(folder: str | Path | None) -> bool:
+    """True when the model folder was converted from a GGUF file whose matrices are mostly 4-bit blocks
+    (Q4_K, Q4_1, Q4_0: what `--dtype q4` keeps as they are), from the store's marker."""
+    from specdec.store import MARKER
+
+    marker = Path(folder) / MARKER if folder is not None else None
+    if marker is None or not marker.is_file():
+        return False
+    types = json.loads(marker.read_text()).get("gguf_types") or {}
+    q4 = sum(types.get(t, 0) for t in ("Q4_K", "Q4_1", "Q4_0"))
+    return 2 * q4 > sum(v for t, v in types.items() if t != "F32")  # F32: norms and biases
+
+
+def resolve_dtype(name: str | None, folder: str | Path | None = None) -> torch.dtype | str:
+    """`None`/"auto": q4 for a model whose GGUF file holds 4-bit blocks, where the integer kernels run (its
+    own precision: the blocks load losslessly, so the quality is the file's); else bf16 where the CPU has
+    bf16 matmuls or the bf16 skinny-GEMM kernel works, else fp32. Says on stderr when it picks q4.
+    "q8" / "q4" are returned as they are (quantized projections)."""
     if name in (None, "auto"):
+        if gguf_is_q4(folder) and quant.isa() != "torch":
+            print(f"specdec: --dtype auto: q4 (the GGUF's own 4-bit blocks, integer kernels on {quant.isa()})",
+                  file=sys.stderr)
+            return "q4"
         return torch.bfloat16 if cpu_has_bf16_matmul() or kernels.available() else torch.float32
+    if name in QUANTIZED:
+        return name
     if name not in DTYPES:
-        raise SpecdecError(f"unknown dtype {name!r}: choose auto, fp32 or bf16")
+        raise SpecdecError(f"unknown dtype {name!r}: choose one of {', '.join(CHOICES)}")
     return DTYPES[name]
 
 
@@ -73,8 +103,10 @@ def uses_kernel(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and kernels.available()
 
 
-def load_transformer(folder: str | Path, dtype: torch.dtype = torch.float32) -> Transformer:
+def load_transformer(folder: str | Path, dtype: torch.dtype | str = torch.float32) -> Transformer:
     folder = Path(folder)
+    if dtype in QUANTIZED:
+        return _load_quantized(folder, dtype)
     cfg = ModelConfig.from_folder(folder)
     hf = _read_tensors(folder)
     mixed = uses_kernel(dtype)          # bf16 matmul weights, fp32 everything else
@@ -118,4 +150,39 @@ def load_transformer(folder: str | Path, dtype: torch.dtype = torch.float32) -> 
         model.lm_head.weight = model.embed.weight
     if mixed:
         model.embed.out_dtype = torch.float32
+    return model.eval()
+
+
+def _load_quantized(folder: Path, fmt: str) -> Transformer:
+    """Projections and LM head from the quantized cache (`specdec.store.quantized`, built on first use); the
+    embedding table in bf16 (looked up, never multiplied), norms and biases in fp32."""
+    from safetensors import safe_open
+
+    from specdec.store import quantized
+
+    cfg = ModelConfig.from_folder(folder)
+    weights, _ = quantized.load(folder, fmt)
+    handles = [safe_open(str(f), framework="pt") for f in sorted(folder.glob("*.safetensors"))]
+    where = {n: h for h in handles for n in h.keys()}
+
+    def take(name: str, to: torch.dtype = torch.float32) -> torch.Tensor:
+        if name not in where:
+            raise SpecdecError(f"{folder}: weight {name!r} is missing; the model folder is incomplete")
+        return where[name].get_tensor(name).to(to)
+
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    state = {"embed.weight": take("model.embed_tokens.weight", torch.bfloat16), "norm.weight": take("model.norm.weight")}
+    for i, block in enumerate(model.layers):
+        p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+        state[f"layers.{i}.input_norm.weight"] = take(p + "input_layernorm.weight")
+        state[f"layers.{i}.post_norm.weight"] = take(p + "post_attention_layernorm.weight")
+        bias = torch.cat([take(a + f"{x}_proj.bias") for x in "qkv"]) if cfg.attention_bias else None
+        block.qkv = QLinear(weights[f"layers.{i}.qkv"], bias)
+        for name in ("o", "gate_up", "down"):
+            setattr(block, name, QLinear(weights[f"layers.{i}.{name}"]))
+    model.lm_head = QLinear(weights["lm_head"])
+    model.load_state_dict(state, assign=True, strict=True)
+    model.embed.out_dtype = torch.float32
+    model.quantized = fmt
     return model.eval()

@@ -16,6 +16,9 @@ A tree of drafted tokens is one call: the tokens in any order that puts parents 
 positions = depth, and a mask where each node sees the cache and its ancestors.
 Projections are fused (q|k|v and gate|up) so a decode step runs few, large matmuls.
 
+q8 / q4 (`--dtype q8|q4`): every projection and the LM head is a QLinear (integer kernels over blocks of 32,
+`specdec.runtime.kernels.quant`); the embedding table is bf16, everything else fp32, as below.
+
 bf16 on a CPU without native bf16 matmuls (the loader decides): the projection and LM-head weights stay
 in bf16 and run through the skinny-GEMM kernel (`specdec.runtime.kernels`) with fp32 activations; norms,
 the embedding lookup's output, RoPE, attention and the KV cache are fp32. `model.dtype` is then bf16
@@ -32,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.runtime import kernels
+from specdec.runtime.kernels import quant
 from specdec.runtime.config import ModelConfig
 from specdec.runtime.kv_cache import KVCache
 
@@ -62,6 +66,29 @@ class Linear(nn.Linear):
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+class QLinear(nn.Module):
+    """A projection with quantized weights (q8 / q4, `kernels.quant`): y = x @ W^T + bias in fp32, bit-identical
+    for any n. The rows may come in parts of different formats (a fused q|k|v whose v the GGUF file holds in
+    another type), each written into its columns of one output."""
+
+    def __init__(self, parts: list[quant.QWeight], bias: torch.Tensor | None = None):
+        super().__init__()
+        self.parts = parts
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+        self.register_buffer("bias", None if bias is None else bias.float(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).float().contiguous()
+        y = torch.empty(flat.shape[0], self.out_features)
+        use, col = quant.isa(), 0
+        for p in self.parts:
+            b = None if self.bias is None else self.bias[col:col + p.out_features]
+            quant.matmul_into(y, col, flat, p, b, use=use)
+            col += p.out_features
+        return y.reshape(*x.shape[:-1], self.out_features)
 
 
 class Embedding(nn.Embedding):
@@ -185,6 +212,8 @@ def mask_rows(mask: torch.Tensor, start: int) -> RowPlan | None:
 
 
 class Transformer(nn.Module):
+    quantized: str | None = None  # "q8" / "q4" when the loader made the projections QLinear
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -195,9 +224,16 @@ class Transformer(nn.Module):
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
-    def dtype(self) -> torch.dtype:
-        """The weights' dtype (what `--dtype` chose): names probes and measurements."""
-        return self.embed.weight.dtype
+    def dtype(self) -> torch.dtype | str:
+        """The weights' dtype (what `--dtype` chose): names probes and measurements. "q8" or "q4" when the
+        projections are quantized (QLinear; the embedding table then stays bf16 for lookups)."""
+        return self.quantized or self.embed.weight.dtype
+
+    def num_weights(self) -> int:
+        """Parameters, counting quantized projections (QLinear) by their weights and biases (tied ones once)."""
+        quantized = sum(sum(p.out_features * p.in_features for p in m.parts) + (0 if m.bias is None else m.bias.numel())
+                        for m in self.modules() if isinstance(m, QLinear))
+        return sum(p.numel() for p in self.parameters()) + quantized
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -206,10 +242,10 @@ class Transformer(nn.Module):
 
     @property
     def row_exact(self) -> bool:
-        """True when bf16 weights run through the kernel: every verification forward (a chain of up to
-        ROW_EXACT_MAX positions, a tree, a lookahead window) then gives bit-identical logits to
-        single-position forwards (`attention_plan`), so greedy speculation is exact."""
-        return self.dtype == torch.bfloat16 and self.compute_dtype == torch.float32
+        """True when bf16 weights run through the kernel, or the projections are quantized (q8/q4): every
+        verification forward (a chain of up to ROW_EXACT_MAX positions, a tree, a lookahead window) then gives
+        bit-identical logits to single-position forwards (`attention_plan`), so greedy speculation is exact."""
+        return self.dtype in quant.FORMATS or (self.dtype == torch.bfloat16 and self.compute_dtype == torch.float32)
 
     def new_cache(self, max_len: int | None = None, batch: int = 1) -> KVCache:
         max_len = max_len or self.cfg.max_position_embeddings

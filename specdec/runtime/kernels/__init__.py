@@ -79,14 +79,16 @@ def cpu_supported() -> bool:
     return False
 
 
-def library_path() -> Path:
+def library_path(source: Path = SOURCE, cflags: list[str] = CFLAGS) -> Path:
+    """Where the library built from `source` with `cflags` lives: `$SPECDEC_HOME/kernels/<hash>.so`."""
     from specdec.store import home
 
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    key = hashlib.sha256(source.read_bytes() + " ".join(cflags).encode()).hexdigest()[:16]
     return home() / "kernels" / f"{key}.so"
 
 
-def _build(path: Path) -> None:
+def build(path: Path, source: Path = SOURCE, cflags: list[str] = CFLAGS) -> None:
+    """Compile `source` into the shared library `path` with gcc (`$CC`), atomically; raises on failure."""
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if not cc:
         raise RuntimeError("no C compiler (gcc) on PATH")
@@ -94,7 +96,7 @@ def _build(path: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem + ".", suffix=".tmp")
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run([cc, *cflags, str(source), "-o", tmp], capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {(proc.stderr or proc.stdout).strip()[-500:]}")
         os.replace(tmp, path)
@@ -115,7 +117,7 @@ def _load():
                 raise RuntimeError(f"the CPU lacks one of {', '.join(CPU_FLAGS)}")
             path = library_path()
             if not path.exists():
-                _build(path)
+                build(path)
             lib = ctypes.CDLL(str(path))
             fn = lib.skinny_bf16
             fn.restype = None

