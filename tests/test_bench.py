@@ -276,11 +276,11 @@ def test_llamacpp_errors(tiny_llama, tmp_path, monkeypatch, capsys):
     from specdec.bench.llamacpp import gguf_for
 
     with pytest.raises(SpecdecError, match="--llamacpp-gguf FILE"):
-        gguf_for(tiny_llama)
+        gguf_for(tiny_llama)  # a Hugging Face folder: no GGUF behind it
     with pytest.raises(SpecdecError, match="no such file"):
         gguf_for(tiny_llama, str(tmp_path / "none.gguf"))
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    assert gguf_for(tmp_path) == tmp_path / "m.gguf"
+    assert gguf_for(tiny_llama, str(tmp_path / "m.gguf")) == tmp_path / "m.gguf"
     monkeypatch.setitem(__import__("sys").modules, "llama_cpp", None)  # not installed
     args = ["bench", "--model", str(tiny_llama), "--prompts", "spec-bench", "--limit", "1", "--dtype", "fp32",
             "--compare-llamacpp", "--llamacpp-gguf", str(tmp_path / "m.gguf"), "--no-progress", "--out",

