@@ -13,7 +13,9 @@ Example (illustrative): t(1) = 40 ms, t(8) = 43 ms, t(16) = 52 ms -> budget 8.
 
 A cached probe steers adaptive k and lookahead's configuration, so a stale one is not trusted
 (`problem`): it is measured again when the kernel's source or the CPU (model name, flags) changed
-since (`machine_key`), when the machine was busy (load average over LOAD_LIMIT per core), or when
+since (`machine_key`), when the machine was busy (other processes used more than LOAD_LIMIT of the
+CPUs while it measured: `OtherLoad`, from /proc/stat less this process's own CPU time, so the probe's
+own threads do not count against it), or when
 the curve is implausible: a forward over more positions cannot be much cheaper than over fewer
 (t(2) = 0.027 s against t(1) = 0.054 s was measured under load). `probe` itself retries an
 implausible curve; `CostCurve.from_probe` ignores one.
@@ -36,7 +38,7 @@ from specdec.runtime.model import Transformer
 
 SIZES = (1, 2, 3, 4, 6, 8, 16, 32, 64)
 NOISE = 0.2        # t(n) may read up to 20% below t(m) for m < n (timing noise); more is implausible
-LOAD_LIMIT = 0.5   # load average per core above which a probe is taken again
+LOAD_LIMIT = 0.25  # share of the CPUs busy with other work above which a probe is taken again
 ATTEMPTS = 3       # measurements `probe` makes before keeping an implausible curve
 
 
@@ -56,12 +58,31 @@ def machine_key() -> str:
     return h.hexdigest()[:16]
 
 
-def load_per_core() -> float:
-    """The 1-minute load average over the CPU count (0 where the OS does not say)."""
+def _busy_seconds() -> float | None:
+    """CPU seconds all processes have spent busy since boot (/proc/stat; None where it cannot be read)."""
     try:
-        return os.getloadavg()[0] / (os.cpu_count() or 1)
-    except OSError:
-        return 0.0
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class OtherLoad:
+    """The share of the machine's CPUs that *other* processes kept busy between `__init__` and `share()`:
+    (all busy CPU time - this process's CPU time) / (wall time x CPUs), 0 where /proc/stat is missing.
+    Example: 2 CPUs, 10 s, 20 busy CPU-seconds of which the probe used 19 -> 0.05 (quiet)."""
+
+    def __init__(self):
+        self.wall, self.busy, self.own = time.perf_counter(), _busy_seconds(), sum(os.times()[:2])
+
+    def share(self) -> float:
+        busy = _busy_seconds()
+        if busy is None or self.busy is None:
+            return 0.0
+        wall = (time.perf_counter() - self.wall) * (os.cpu_count() or 1)
+        other = (busy - self.busy) - (sum(os.times()[:2]) - self.own)
+        return max(0.0, other / wall) if wall > 0 else 0.0
 
 
 @dataclass
@@ -77,7 +98,7 @@ class ProbeResult:
     bound_seconds: float         # weight_bytes / bandwidth: the memory-bound step time
     threads: int
     machine: str = field(default_factory=machine_key)  # `machine_key()` when measured
-    load: float = 0.0            # load average per core while measuring (the highest seen)
+    load: float = 0.0            # share of the CPUs other processes kept busy while measuring (OtherLoad)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -106,7 +127,7 @@ class ProbeResult:
         if self.machine != machine_key():
             return "measured with another kernel or CPU"
         if self.load > LOAD_LIMIT:
-            return f"measured under load ({self.load:.2f} per core, over {LOAD_LIMIT})"
+            return f"measured while other work used {self.load:.0%} of the CPUs (over {LOAD_LIMIT:.0%})"
         return self.implausible()
 
 
@@ -138,8 +159,8 @@ def measure_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
 
 def probe(model: Transformer, name: str = "", context: int = 256, sizes=SIZES, repeats: int = 5,
           tolerance: float = 0.10, progress=None, attempts: int = ATTEMPTS) -> ProbeResult:
-    """Measure the curve (`measure`), again up to `attempts` times while it is implausible; the load
-    average is recorded with it."""
+    """Measure the curve (`measure`), again up to `attempts` times while it is implausible; the other
+    processes' CPU share is recorded with it."""
     for _ in range(attempts):
         result = measure(model, name, context, sizes, repeats, tolerance, progress)
         if result.implausible() is None:
@@ -149,7 +170,7 @@ def probe(model: Transformer, name: str = "", context: int = 256, sizes=SIZES, r
 
 def measure(model: Transformer, name: str = "", context: int = 256, sizes=SIZES, repeats: int = 5,
             tolerance: float = 0.10, progress=None) -> ProbeResult:
-    load = load_per_core()
+    load = OtherLoad()
     cache = model.new_cache(context + max(sizes))
     gen = torch.Generator().manual_seed(0)
     model(torch.randint(0, model.cfg.vocab_size, (1, context), generator=gen), cache)
@@ -174,7 +195,7 @@ def measure(model: Transformer, name: str = "", context: int = 256, sizes=SIZES,
     return ProbeResult(model=name, dtype=str(model.dtype).replace("torch.", ""), context=context, seconds=seconds,
                        relative=relative, budget=budget, weight_bytes=wbytes, bandwidth_gbs=bw,
                        bound_seconds=wbytes / (bw * 1e9), threads=torch.get_num_threads(),
-                       load=max(load, load_per_core()))
+                       load=load.share())
 
 
 def save(result: ProbeResult) -> Path:

@@ -3,7 +3,11 @@ machine, and a plausible curve (issue 15, item 19: a cached t(2) = 0.027 s again
 adaptive k and lookahead)."""
 
 import json
+import os
+import subprocess
+import sys
 import shutil
+import time
 
 import pytest
 import torch
@@ -28,7 +32,7 @@ GOOD = {1: 0.054, 2: 0.055, 4: 0.06, 8: 0.07}
 @pytest.fixture(autouse=True)
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
-    monkeypatch.setattr(probe_mod, "load_per_core", lambda: 0.1)
+    monkeypatch.setattr(probe_mod.OtherLoad, "share", lambda self: 0.01)
 
 
 def test_a_plausible_quiet_probe_is_reused():
@@ -47,8 +51,25 @@ def test_an_implausible_curve_is_measured_again_and_not_used(seconds, why):
 
 
 def test_a_probe_under_load_is_measured_again():
-    save(result(GOOD, load=1.5))
+    save(result(GOOD, load=0.6))
     assert load_cached("m", "float32") is None
+
+
+def test_other_load_counts_other_processes_not_this_one(monkeypatch):
+    monkeypatch.undo()  # the real measurement
+    if probe_mod._busy_seconds() is None:
+        pytest.skip("no /proc/stat")
+    mine = probe_mod.OtherLoad()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.6:  # this process busy: not other work
+        pass
+    mine = mine.share()
+    others = probe_mod.OtherLoad()
+    spin = [subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<0.8: pass"])
+            for _ in range(os.cpu_count() or 1)]
+    for p in spin:
+        p.wait()
+    assert others.share() > mine + 0.3  # every CPU busy with other processes, against this one busy
 
 
 def test_another_kernel_or_cpu_or_an_old_file_is_measured_again(tmp_path, monkeypatch):
@@ -69,9 +90,9 @@ def test_another_kernel_or_cpu_or_an_old_file_is_measured_again(tmp_path, monkey
 
 def test_probe_records_the_load_and_retries_an_implausible_curve(tiny_folder, monkeypatch):
     model = load_transformer(tiny_folder, torch.float32)
-    monkeypatch.setattr(probe_mod, "load_per_core", lambda: 3.0)
+    monkeypatch.setattr(probe_mod.OtherLoad, "share", lambda self: 0.7)
     busy = probe_mod.probe(model, "m", context=8, sizes=(1, 2), repeats=1)
-    assert busy.load == 3.0 and "load" in busy.problem()
+    assert busy.load == 0.7 and "other work used 70%" in busy.problem()
     made = iter([result({1: 0.054, 2: 0.027}), result(GOOD)])
     monkeypatch.setattr(probe_mod, "measure", lambda *a, **k: next(made))
     assert probe_mod.probe(model, "m").seconds == GOOD
