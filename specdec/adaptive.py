@@ -6,6 +6,9 @@ with measured inputs instead of assumed ones.
                                                                  given positions < j were accepted)
     cost(k) = verify(k+1) + k * tau                             (in units of one plain target step)
 
+For a tree drafter (Medusa) k is the tree's depth: the drafter cuts its tree at depth k, alpha_j is
+the acceptance at depth j, and cost uses the n = nodes(k) positions that tree verifies, verify(n+1) + n * tau.
+
 alpha_j is a running, decaying per-position estimate for this request and source (acceptance
 decays along a draft, so one alpha would overestimate long drafts); tau is the measured draft
 cost per token over the measured plain step; verify(n) is the forward-cost curve from
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 @dataclass
@@ -62,6 +66,7 @@ class AdaptiveK:
     accepted: list[float] = field(default_factory=list)
     tried: list[float] = field(default_factory=list)
     plain_streak: int = 0
+    nodes: Callable[[int], int] | None = None  # draft positions at depth k (a tree's size); None: k (a chain)
 
     def alphas(self) -> list[float]:
         out, prev = [], self.prior_alpha
@@ -80,7 +85,8 @@ class AdaptiveK:
         for k in range(1, self.k_max + 1):
             reach *= alphas[k - 1]
             e += reach
-            out.append(e / (self.cost(k + 1) + k * self.tau))
+            n = self.nodes(k) if self.nodes else k
+            out.append(e / (self.cost(n + 1) + n * self.tau))
         return out
 
     def choose(self, startup: float = 0.0, remaining: int | None = None) -> int:

@@ -6,6 +6,7 @@
     r.text, r.tokens_per_s, r.mean_accepted         # same fields as `specdec generate --json`
     r = llm.generate("Fix this code: ...", method="prompt-lookup")        # k chosen adaptively
     r = LLM("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b").generate("...", method="draft", k=4)
+    r = LLM("smollm2-135m", tree="auto").generate("...", method="medusa")  # trained heads, a calibrated tree
     for piece in llm.stream("Tell me a story.", temperature=0.7, seed=1):
         print(piece, end="", flush=True)
 """
@@ -26,6 +27,7 @@ from specdec.errors import SpecdecError
 from specdec.runtime.loader import load_transformer, resolve_dtype
 from specdec.sampling import SamplingParams
 from specdec.tokenizer import Tokenizer
+from specdec.verify import TYPICAL_DELTA, TYPICAL_EPSILON
 
 
 
@@ -33,7 +35,8 @@ class LLM:
     def __init__(self, model: str = "smollm2-135m", dtype: str | None = None, pull: bool = True,
                  draft: str | None = None, datastore: str | None = None, exit_layer: int | str = "auto",
                  sources: Sequence[str] | str = ("prompt-lookup", "draft"),
-                 lookahead: str | tuple = "auto"):
+                 lookahead: str | tuple = "auto", heads: str | None = None, tree: str = "auto",
+                 tree_nodes: int | None = None):
         from specdec.store import resolve
 
         self.name = model
@@ -46,6 +49,8 @@ class LLM:
         self.exit_layer = exit_layer
         self.sources = sources
         self.lookahead = lookahead
+        self.heads, self.tree, self.tree_nodes = heads, tree, tree_nodes  # Medusa: heads folder, tree, its size
+        self._medusa = None
         self._draft = None
         self._retrieval = None
         self._early_exit = None
@@ -85,6 +90,12 @@ class LLM:
             from specdec.drafters.hybrid import build_hybrid
 
             return build_hybrid(self, self.sources, self.drafter)
+        if method == "medusa":
+            if self._medusa is None:
+                from specdec.drafters.medusa import build
+
+                self._medusa = build(self, self.heads, self.tree, self.tree_nodes)
+            return self._medusa
         raise AssertionError(method)
 
     def _draft_model(self):
@@ -126,7 +137,8 @@ class LLM:
                     return FixedK(d.ngram - 1)
                 return AdaptiveK(k_max=d.ngram - 1, cost=self.cost_curve())  # one chain from the pool: like lookup
             return AdaptiveK(cost=self.cost_curve(), tau=getattr(d, "tau_prior", 0.0),
-                             prior_alpha=getattr(d, "prior_alpha", AdaptiveK.prior_alpha))
+                             prior_alpha=getattr(d, "prior_alpha", AdaptiveK.prior_alpha),
+                             k_max=getattr(d, "k_max", AdaptiveK.k_max), nodes=getattr(d, "nodes", None))
 
         if k != "auto":
             return FixedK(k)
@@ -156,10 +168,12 @@ class LLM:
     def chunks(self, prompt: str | Sequence[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
                stop: Sequence[str] = (), chat: bool | None = None, method: str = "plain",
-               k: int | str = "auto") -> Iterator[Chunk]:
+               k: int | str = "auto", acceptance: str = "exact", posterior_threshold: float = TYPICAL_EPSILON,
+               posterior_alpha: float = TYPICAL_DELTA) -> Iterator[Chunk]:
         """The decoding loop's chunks: text as it is committed, the final one carrying the Result."""
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-        request = Request(max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop))
+        request = Request(max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop), acceptance=acceptance,
+                          posterior_threshold=posterior_threshold, posterior_alpha=posterior_alpha)
         drafter = self.drafter(method)
         policy = self.policy(k, drafter)
         ids = list(prompt) if not isinstance(prompt, str) else self.tokenizer.encode(prompt, chat=chat)
@@ -174,7 +188,9 @@ class LLM:
     def generate(self, prompt: str | Sequence[int], **kwargs) -> Result:
         """Generate a completion. Keyword arguments: max_new_tokens, temperature (0 = greedy), top_k,
         top_p, min_p, seed, stop (list of strings), chat (None = use the chat template if the model has one),
-        method (one of specdec.drafters.METHODS), k (draft length, or "auto"). A prompt may also be a list of
+        method (one of specdec.drafters.METHODS), k (draft length, or "auto"), acceptance ("exact", the
+        default, or "typical": Medusa's LOSSY typical acceptance under sampling, with posterior_threshold and
+        posterior_alpha; Result.distribution_exact is then False). A prompt may also be a list of
         token ids (used as is)."""
         for chunk in self.chunks(prompt, **kwargs):
             if chunk.result is not None:

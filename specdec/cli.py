@@ -10,7 +10,8 @@ import sys
 from specdec import __version__
 from specdec.errors import SpecdecError
 
-COMMANDS = ["models", "pull", "generate", "probe", "calc", "plot", "bench", "datastore", "exit_layers", "race"]
+COMMANDS = ["models", "pull", "generate", "probe", "calc", "plot", "bench", "datastore", "exit_layers", "race",
+            "train"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,7 +32,7 @@ from specdec.errors import SpecdecError
 from specdec.runtime.model import Transformer
 from specdec.sampling import SamplingParams, make_generator, probs_from_logits
 from specdec.tokenizer import Tokenizer
-from specdec.verify import verify
+from specdec.verify import TYPICAL_DELTA, TYPICAL_EPSILON, verify
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,13 @@ class Request:
     max_new_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
+    acceptance: str = "exact"   # sampling verification: "exact" (lossless) or "typical" (Medusa's, LOSSY)
+    posterior_threshold: float = TYPICAL_EPSILON  # typical acceptance's epsilon
+    posterior_alpha: float = TYPICAL_DELTA        # typical acceptance's delta
 
     def __post_init__(self):
+        if self.acceptance not in ("exact", "typical"):
+            raise ValueError(f"acceptance must be 'exact' or 'typical', got {self.acceptance!r}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
         if any(not s for s in self.stop):
@@ -67,6 +72,7 @@ class Result:
     target_seconds: float
     rounds: list[dict] = field(repr=False, default_factory=list)  # per round: drafted, accepted, kind, seconds
     token_ids: list[int] = field(repr=False, default_factory=list)
+    distribution_exact: bool = True  # False under typical acceptance with sampling: output not distributed as p
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -146,7 +152,9 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
     check_context(model, len(prompt_ids), request.max_new_tokens)
     sampling = request.sampling
     policy = policy or FixedK(4 if drafter else 0)
-    mode = "greedy" if sampling.greedy else "exact"
+    mode = "greedy" if sampling.greedy else request.acceptance
+    typical = dict(typical_epsilon=request.posterior_threshold, typical_delta=request.posterior_alpha)
+    hidden_layers = (-1,) if getattr(drafter, "wants_hidden", False) else ()  # Medusa/EAGLE read Context.hidden
     gen = make_generator(sampling.seed)
     stopper = Stopper(tokenizer, request)
     if drafter:
@@ -181,10 +189,13 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
         out = None
         if n and simple and hasattr(drafter, "verify_forward"):  # LayerSkip: reuse the draft's work
             out = drafter.verify_forward(model, cache, inputs)
-        out = out or model(inputs, cache, positions=positions, mask=mask)
+        out = out or model(inputs, cache, positions=positions, mask=mask, hidden_layers=hidden_layers)
         logits = out.logits[0]  # [1+n+m, V]
         forwards += 1
-        result = verify(draft, target_probs(logits[:1 + n], sampling), gen, mode, validate=False)
+        result = verify(draft, target_probs(logits[:1 + n], sampling), gen, mode, validate=False, **typical)
+        if hidden_layers:  # the last accepted position's hidden state: the next round drafts from it
+            last = out.hidden.get(-1)
+            ctx.hidden = None if last is None else last[0, result.path[-1] + 1 if result.path else 0]
         if simple:
             cache.rewind(n - result.num_accepted)
         else:
@@ -203,7 +214,7 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
         if drafter:
             drafter.observe(Outcome(draft, result.num_accepted, emitted, logits[1 + n:] if m else None))
             if n:
-                policy.observe(n, result.num_accepted)
+                policy.observe(draft.depth, result.num_accepted)  # a tree's depth (a chain's length)
                 for measured in (policy, drafter):  # tau from this round's times (Hybrid: its proposer's policy)
                     if hasattr(measured, "timing") and not getattr(drafter, "stale", False):
                         measured.timing(n, tv - td, t1 - tv)
@@ -216,8 +227,9 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
         if not done:
             yield Chunk(stopper.new_text(), committed, accepted_here, kind)
     seconds = time.perf_counter() - t0
-    yield Chunk(stopper.new_text(), committed, accepted_here, kind,
-                summarize(stopper, len(prompt_ids), seconds, prefill, forwards, draft_s, target_s, rounds))
+    final = summarize(stopper, len(prompt_ids), seconds, prefill, forwards, draft_s, target_s, rounds)
+    final.distribution_exact = mode != "typical"
+    yield Chunk(stopper.new_text(), committed, accepted_here, kind, final)
 
 
 def summarize(stopper: Stopper, prompt_len: int, seconds: float, prefill: float, forwards: int,
