@@ -162,9 +162,10 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
     k_room = getattr(policy, "k_max", getattr(policy, "k", 0)) + getattr(drafter, "extra_positions", 0)
     t0 = time.perf_counter()
     cache = model.new_cache(len(prompt_ids) + request.max_new_tokens + k_room + 1)
-    logits = model(torch.tensor([prompt_ids[:-1]]), cache).logits if len(prompt_ids) > 1 else None
+    pre = model(torch.tensor([prompt_ids[:-1]]), cache, hidden_layers=hidden_layers) if len(prompt_ids) > 1 else None
     prefill = time.perf_counter() - t0
-    ctx = Context(tokens=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling, generator=gen)
+    ctx = Context(tokens=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling, generator=gen,
+                  hidden=pre.hidden[-1][0, -1] if pre is not None and hidden_layers else None)
     forwards, draft_s, target_s, rounds = 0, 0.0, 0.0, []
     done = False
     while not done:

@@ -34,6 +34,7 @@ from specdec.training.hidden_cache import HiddenCache
 
 RANKS = 8          # candidates per head whose accuracy is measured (the widest tree sibling set)
 CHECKPOINT = "checkpoint.pt"
+CHECKPOINT_STATE = ("epoch", "batch", "step", "val", "seconds", "loss")
 
 
 @dataclass
@@ -128,11 +129,11 @@ def train(cache: HiddenCache, lm_weight: torch.Tensor, s: TrainSettings, out: st
     epoch, batch_no, step, val, seconds, last_loss = 0, 0, 0, None, 0.0, None
     if resume and ckpt_path.exists():
         ck = torch.load(ckpt_path, weights_only=False)
-        if ck["settings"] != asdict(s) or ck["cache"] != cache.meta:
+        if {**ck["settings"], "epochs": s.epochs} != asdict(s) or ck["cache"] != cache.meta:  # more epochs: fine
             raise SpecdecError(f"{ckpt_path} was made with other settings or data: drop --resume to start over")
         heads.load_state_dict(ck["heads"])
         opt.load_state_dict(ck["opt"])
-        epoch, batch_no, step, val, seconds, last_loss = (ck[k] for k in ("epoch", "batch", "step", "val", "seconds", "loss"))
+        epoch, batch_no, step, val, seconds, last_loss = (ck[k] for k in CHECKPOINT_STATE)
     elif resume:
         raise SpecdecError(f"--resume: no checkpoint in {out}")
     per_epoch = math.ceil(len(ex.train) / s.batch)
