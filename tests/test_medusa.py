@@ -374,3 +374,30 @@ def test_heads_read_the_hidden_state_at_the_last_accepted_position(env):
         for tokens, hidden in d.seen:
             out = model(torch.tensor([tokens[:-1]]), model.new_cache(len(tokens)), hidden_layers=(-1,))
             assert torch.allclose(hidden, out.hidden[-1][0, -1], atol=1e-4)
+
+
+def test_train_and_generate_from_the_command_line(env, tmp_path, monkeypatch, capsys):
+    import json
+
+    from specdec.cli import main
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    data = tmp_path / "corpus.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"count {i}"}, {"role": "assistant", "content": "1 2 3 4 " * 9}]}
+            for i in range(6)]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "heads"
+    args = ["train", "medusa", "--model", str(env["folder"]), "--data", str(data), "--tokens", "500", "--epochs", "1",
+            "--heads", "2", "--draft-vocab", "30", "--batch", "32", "--out", str(out), "--quiet"]
+    assert main(args) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["heads"] == 2 and config["data"]["tokens"] == 500 and len(config["tree"]["paths"]) > 2
+    capsys.readouterr()
+    gen = ["generate", "count 9", "--model", str(env["folder"]), "--method", "medusa", "--heads", str(out),
+           "--tree-nodes", "3", "--k", "2", "--max-new-tokens", "8", "--json"]
+    assert main(gen) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["distribution_exact"] and max(result["drafted_per_round"]) == 3
+    other = save_tiny("llama", tmp_path / "other", seed=1)
+    assert main(["generate", "x", "--model", str(other), "--method", "medusa", "--heads", str(out)]) == 2
+    assert "trained for" in capsys.readouterr().err
