@@ -401,3 +401,18 @@ def test_train_and_generate_from_the_command_line(env, tmp_path, monkeypatch, ca
     other = save_tiny("llama", tmp_path / "other", seed=1)
     assert main(["generate", "x", "--model", str(other), "--method", "medusa", "--heads", str(out)]) == 2
     assert "trained for" in capsys.readouterr().err
+
+
+def test_medusa_as_a_hybrid_source(env):
+    """Rounds drafted by prompt lookup still bring the hidden state back for Medusa's next proposal."""
+    from specdec.drafters.hybrid import Hybrid
+    from specdec.drafters.prompt_lookup import PromptLookup
+
+    ids = env["tok"].encode("the cat sat on the mat. the cat sat on", chat=False)
+    plain = run(env, ids, max_new_tokens=40)
+    h = Hybrid([PromptLookup(), Oracle(env, TREE)])
+    assert h.wants_hidden
+    spec = run(env, ids, h, FixedK(K), max_new_tokens=40)
+    assert spec.token_ids == plain.token_ids
+    stats = h.stats()
+    assert stats["medusa"]["accepted"] > 0
