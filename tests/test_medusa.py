@@ -4,6 +4,8 @@ training (loss goes down, an interrupted run resumes to the same heads), heads r
 target, typical acceptance only when asked."""
 
 import copy
+
+import numpy as np
 from collections import defaultdict
 
 import pytest
@@ -416,3 +418,35 @@ def test_medusa_as_a_hybrid_source(env):
     assert spec.token_ids == plain.token_ids
     stats = h.stats()
     assert stats["medusa"]["accepted"] > 0
+
+
+def test_an_interrupted_hidden_cache_build_continues(env, tmp_path):
+    from specdec.training import corpus, hidden_cache
+
+    docs = [f"document {i}: " + "abc " * 30 for i in range(6)]
+    toks = list(corpus.token_documents(docs, env["tok"], max_len=100))
+    whole = hidden_cache.build(env["target"], iter(toks), tmp_path / "a", 400, {"t": 1}, progress=False)
+
+    def stops_after_three():
+        yield from toks[:3]
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        hidden_cache.build(env["target"], stops_after_three(), tmp_path / "b", 400, {"t": 1}, progress=False,
+                           save_every=0)
+    assert not (tmp_path / "b" / "meta.json").exists()
+    calls = []
+
+    class Counting:  # the target, counting its forwards
+        cfg = env["target"].cfg
+        new_cache = env["target"].new_cache
+
+        def __call__(self, tokens, *a, **kw):
+            calls.append(tokens.shape[1])
+            return env["target"](tokens, *a, **kw)
+
+    rest = hidden_cache.build(Counting(), iter(toks), tmp_path / "b", 400, {"t": 1}, progress=False)
+    assert len(calls) == whole.meta["documents"] - 3  # only the documents the first build did not reach
+    assert rest.meta == whole.meta
+    for a in hidden_cache.ARRAYS:
+        assert np.array_equal(getattr(rest, a), getattr(whole, a))

@@ -1,4 +1,4 @@
-"""Medusa: K extra heads on the target's last hidden state guess the next K+1 tokens' successors in one
+"""Medusa: K extra heads on the target's last hidden state guess the K tokens after the next one in one
 shot, and their top candidates form a tree verified in one forward (Cai et al. 2024; the lesson, Ch. 4).
 
 Heads. Head i is a residual SiLU block on the hidden state h_t at the last accepted position t,

@@ -10,7 +10,8 @@ fills four arrays (`.npy` files, opened with `np.load(mmap_mode="r")`):
     tokens  [N]    int32     the corpus token at t
     doc     [N]    int32     document index (heads never learn across a document boundary)
 
-`meta.json` is written last: a folder without it is an interrupted build and is rebuilt. The folder
+`meta.json` is written last: a folder without it is an interrupted build, which the next build of the
+same settings continues (`progress.json`). The folder
 name is a hash of the target's fingerprint and the corpus settings, so a second training run (more
 epochs, other heads) costs no target passes. Example: SmolLM2-135M (D = 576) over 100k tokens is
 115 MB of hidden states.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -58,27 +60,44 @@ def cache_dir(root: Path, settings: dict) -> Path:
 
 
 def build(model, docs: Iterable[list[int]], folder: str | Path, max_tokens: int, settings: dict,
-          progress: bool = True) -> HiddenCache:
+          progress: bool = True, save_every: float = 30.0) -> HiddenCache:
     """Run the target over the token documents (each one forward, fresh cache) until `max_tokens`
-    positions are cached; reuse the folder when a complete cache with these settings is there."""
+    positions are cached; reuse the folder when a complete cache with these settings is there. An
+    interrupted build continues where its last `progress.json` (written every `save_every` seconds) left
+    it: the documents come in the same order, so the first ones done are skipped."""
     from tqdm import tqdm
 
     folder = Path(folder)
     if (folder / "meta.json").exists():
         return HiddenCache.open(folder)
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    d = model.cfg.hidden_size
-    out = {"hidden": np.lib.format.open_memmap(folder / "hidden.npy", "w+", np.float16, (max_tokens, d))}
-    for a in ARRAYS[1:]:
-        out[a] = np.lib.format.open_memmap(folder / f"{a}.npy", "w+", np.int32, (max_tokens,))
+    done = folder / "progress.json"
     n = ndocs = 0
-    bar = tqdm(total=max_tokens, unit="tok", unit_scale=True, desc="target hidden states", disable=not progress)
+    if done.exists():
+        n, ndocs = (json.loads(done.read_text())[k] for k in ("tokens", "documents"))
+        out = {a: np.load(folder / f"{a}.npy", mmap_mode="r+") for a in ARRAYS}
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        d = model.cfg.hidden_size
+        out = {"hidden": np.lib.format.open_memmap(folder / "hidden.npy", "w+", np.float16, (max_tokens, d))}
+        for a in ARRAYS[1:]:
+            out[a] = np.lib.format.open_memmap(folder / f"{a}.npy", "w+", np.int32, (max_tokens,))
+
+    def save(path: Path, info: dict) -> None:
+        for a in out.values():
+            a.flush()
+        path.write_text(json.dumps(info, indent=2))
+
+    bar = tqdm(total=max_tokens, initial=n, unit="tok", unit_scale=True, desc="target hidden states",
+               disable=not progress)
+    last = time.monotonic()
     with torch.inference_mode():
-        for ids in docs:
-            ids = ids[:max_tokens - n]
-            if len(ids) < 3:
+        for i, ids in enumerate(docs):
+            if i < ndocs:
+                continue  # cached by an earlier, interrupted build
+            if max_tokens - n < 3:
                 break
+            ids = ids[:max_tokens - n]
             fwd = model(torch.tensor([ids]), model.new_cache(len(ids)), hidden_layers=(-1,))
             m = len(ids)
             out["hidden"][n:n + m] = fwd.hidden[-1][0].to(torch.float16).numpy()
@@ -87,11 +106,10 @@ def build(model, docs: Iterable[list[int]], folder: str | Path, max_tokens: int,
             out["doc"][n:n + m] = ndocs
             n, ndocs = n + m, ndocs + 1
             bar.update(m)
-            if n >= max_tokens:
-                break
+            if time.monotonic() - last > save_every:
+                save(done, {"tokens": n, "documents": ndocs})
+                last = time.monotonic()
     bar.close()
-    for a in out.values():
-        a.flush()
-    meta = {**settings, "tokens": n, "documents": ndocs, "hidden_size": d}
-    (folder / "meta.json").write_text(json.dumps(meta, indent=2))
+    save(folder / "meta.json", {**settings, "tokens": n, "documents": ndocs, "hidden_size": out["hidden"].shape[1]})
+    done.unlink(missing_ok=True)
     return HiddenCache.open(folder)
