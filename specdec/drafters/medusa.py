@@ -45,6 +45,7 @@ from torch import nn
 
 from specdec.draft import Draft
 from specdec.drafters.base import Context, Drafter
+from specdec.runtime.model import Linear
 
 KIND = "medusa"
 MAX_TREE = 64
@@ -156,7 +157,10 @@ class Medusa(Drafter):
     def __init__(self, heads: MedusaHeads, lm_rows: torch.Tensor, vocab: torch.Tensor,
                  paths: Sequence[tuple[int, ...]], prior_alpha: float = 0.6):
         self.heads = heads.float().eval()
-        self.lm_rows = lm_rows.float()  # [Vd, D] the LM head's rows for the draft vocabulary
+        # the LM head's rows for the draft vocabulary [Vd, D], in the target's dtype: the runtime's Linear
+        # streams them once for the K heads (bf16 through the kernel)
+        self.lm = Linear(lm_rows.shape[1], lm_rows.shape[0], bias=False)
+        self.lm.weight = nn.Parameter(lm_rows.detach(), requires_grad=False)
         self.vocab = vocab.long()       # [Vd] draft index -> token id
         self.layout = TreeLayout(check_paths(paths, heads.num_heads, len(vocab)))
         self.k_max = self.layout.max_depth
@@ -170,7 +174,7 @@ class Medusa(Drafter):
     @torch.inference_mode()
     def candidates(self, hidden: torch.Tensor) -> torch.Tensor:
         """Token ids [K, s]: each head's s best candidates at this hidden state, best first."""
-        logits = self.heads(hidden.float()) @ self.lm_rows.t()  # [K, Vd]
+        logits = self.lm(self.heads(hidden.float()))  # [K, Vd]
         return self.vocab[logits.topk(self.layout.ranks, dim=-1).indices]
 
     def propose(self, ctx: Context, k: int) -> Draft:
@@ -195,7 +199,7 @@ def build(llm, heads_dir: str | None = None, tree: str = "auto", tree_nodes: int
     module = MedusaHeads(k, d)
     module.load_state_dict({"weight": tensors["weight"].float(), "bias": tensors["bias"].float()})
     vocab = tensors["vocab"].long()
-    lm_rows = llm.model.lm_head.weight.detach()[vocab].float()
+    lm_rows = llm.model.lm_head.weight.detach()[vocab]
     acc = config["val_accuracy"]["by_rank"]
     if tree_nodes is not None and tree_nodes < 1:
         raise ValueError(f"--tree-nodes must be at least 1, got {tree_nodes}")
