@@ -209,6 +209,7 @@ def build(llm, heads_dir: str | None = None, tree: str = "auto", tree_nodes: int
         paths = calibrated_paths(acc, tree_nodes or auto_nodes(acc, llm.cost_curve(measure=True)))
     else:
         paths = read_tree(tree, k, len(vocab))
-    drafter = Medusa(module, lm_rows, vocab, paths, prior_alpha=float(acc[0][0]))
+    first = sum(acc[0][p[0]] for p in paths if len(p) == 1)  # P(some first-level candidate is right)
+    drafter = Medusa(module, lm_rows, vocab, paths, prior_alpha=float(min(first, 0.95)))
     drafter.folder, drafter.config = folder, config
     return drafter
