@@ -347,7 +347,7 @@ def test_heads_for_another_target_are_refused(env, tmp_path):
 
     other = save_tiny("llama", tmp_path / "other", seed=1)
     tensors = {"weight": torch.zeros(K, 64, 64), "bias": torch.zeros(K, 64), "vocab": torch.arange(VOCAB)}
-    acc = {"by_rank": [[0.5, 0.2, 0.1]] * K}
+    acc = {"after_hits": [[0.5, 0.2, 0.1]] * K}
     heads.save(tmp_path / "h", tensors, {"kind": "medusa", "target": {"name": "tiny-0",
                "fingerprint": heads.fingerprint(env["folder"])}, "heads": K, "hidden_size": 64, "val_accuracy": acc})
     got, config = heads.load(tmp_path / "h", "medusa", env["folder"], "tiny-0")

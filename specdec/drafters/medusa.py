@@ -25,7 +25,8 @@ is verified exactly under sampling by the multi-candidate rule (`specdec.verify`
 plain decoding, sampled output is distributed as plain sampling.
 
 Calibrated sparse tree (Medusa's paper, the lesson's 64-node example): with acc[i][r] the validation
-rate at which head i's rank-r candidate is the target's token, a path's chance of being accepted is
+rate at which head i's rank-r candidate is the target's token when heads 0 .. i-1 were right (heads
+fail together: head 1 is right far more often after head 0 was), a path's chance of being accepted is
 estimated as the product of acc along it; greedily adding the most likely extension of the current tree
 gives, for every N, the N-node tree with the highest expected accepted length 1 + sum of those products.
 Example: acc = [[.6, .2], [.4, .15]] picks (0,) .6, (0, 0) .24, (1,) .2, (0, 1) .09, ... `auto_nodes`
@@ -200,7 +201,7 @@ def build(llm, heads_dir: str | None = None, tree: str = "auto", tree_nodes: int
     module.load_state_dict({"weight": tensors["weight"].float(), "bias": tensors["bias"].float()})
     vocab = tensors["vocab"].long()
     lm_rows = llm.model.lm_head.weight.detach()[vocab]
-    acc = config["val_accuracy"]["by_rank"]
+    acc = config["val_accuracy"]["after_hits"]  # acc[i][r]: head i's rank r, after heads 0 .. i-1 were right
     if tree_nodes is not None and tree_nodes < 1:
         raise ValueError(f"--tree-nodes must be at least 1, got {tree_nodes}")
     if tree == "chain":

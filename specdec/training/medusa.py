@@ -8,8 +8,9 @@ loss (and count as misses in the accuracies).
 
 The last `val_fraction` of the documents is held out: per-head top-1 and top-5 accuracy, and acc[i][r]
 (head i's rank-r candidate is the label), which calibrates the sparse tree
-(`specdec.drafters.medusa.calibrated_paths`). Example (SmolLM2-135M, 100k ShareGPT tokens): head 0
-top-1 ~0.5, head 3 ~0.2.
+(`specdec.drafters.medusa.calibrated_paths`). Example (the shipped SmolLM2-135M heads, 100k ShareGPT
+tokens, 3 epochs, 15 min on one loaded core): top-1 0.25 / 0.15 / 0.13 / 0.11 for heads 0-3, top-5 0.45 /
+0.30 / 0.27 / 0.25.
 
 Checkpoints (`checkpoint.pt`: heads, optimizer, epoch and batch) are written every `checkpoint_every`
 steps, at each epoch's end and on Ctrl-C, atomically, so `resume=True` continues an interrupted run
@@ -88,22 +89,32 @@ def _batch(cache: HiddenCache, idx: np.ndarray) -> torch.Tensor:
 @torch.no_grad()
 def evaluate(heads: MedusaHeads, lm_rows: torch.Tensor, cache: HiddenCache, ex: Examples) -> dict:
     """Per head: top-1, top-5 and by-rank accuracy on the validation positions (labels beyond the
-    document are not counted; labels outside the draft vocabulary count as misses)."""
+    document are not counted; labels outside the draft vocabulary count as misses), and the by-rank
+    accuracy of head i among the positions where heads 0 .. i-1 all had their label within the top
+    RANKS ("after_hits"): heads are right together far more often than independence predicts, and a
+    tree path is reached only when its earlier heads were right."""
     k = heads.num_heads
-    hits = np.zeros((k, RANKS))
-    total = np.zeros(k)
+    ranks = []  # per batch [B, K]: the label's rank among each head's candidates, RANKS = not there
+    valid = []
     for start in range(0, len(ex.val), 1024):
         idx = ex.val[start:start + 1024]
-        logits = heads(_batch(cache, idx)) @ lm_rows.t()  # [B, K, Vd]
-        top = logits.topk(RANKS, dim=-1).indices.numpy()  # [B, K, R]
+        top = (heads(_batch(cache, idx)) @ lm_rows.t()).topk(RANKS, dim=-1).indices.numpy()  # [B, K, R]
         target = ex.target[idx]  # [B, K]
-        valid = ex.full[idx] >= 0
-        for i in range(k):
-            total[i] += valid[:, i].sum()
-            hits[i] += ((top[:, i] == target[:, i, None]) & (target[:, i, None] >= 0)).sum(0)
-    by_rank = (hits / np.maximum(total, 1)[:, None]).tolist()
+        hit = (top == target[:, :, None]) & (target[:, :, None] >= 0)
+        ranks.append(np.where(hit.any(-1), hit.argmax(-1), RANKS))
+        valid.append(ex.full[idx] >= 0)
+    rank, valid = np.concatenate(ranks), np.concatenate(valid)
+    by_rank, after_hits = [], []
+    reached = np.ones(len(rank), dtype=bool)
+    for i in range(k):
+        counts = np.bincount(rank[valid[:, i], i], minlength=RANKS + 1)[:RANKS]
+        by_rank.append((counts / max(valid[:, i].sum(), 1)).tolist())
+        sel = valid[:, i] & reached
+        counts = np.bincount(rank[sel, i], minlength=RANKS + 1)[:RANKS]
+        after_hits.append((counts / max(sel.sum(), 1)).tolist())
+        reached &= rank[:, i] < RANKS
     return {"top1": [r[0] for r in by_rank], "top5": [sum(r[:5]) for r in by_rank], "by_rank": by_rank,
-            "positions": int(total[0])}
+            "after_hits": after_hits, "positions": int(valid[:, 0].sum())}
 
 
 def _save_checkpoint(path: Path, state: dict) -> None:
@@ -175,13 +186,14 @@ def train(cache: HiddenCache, lm_weight: torch.Tensor, s: TrainSettings, out: st
         bar.close()
         raise
     bar.close()
-    val = val or evaluate(heads, lm_rows, cache, ex)
-    order = calibrated_paths(val["by_rank"], MAX_TREE)
+    val = evaluate(heads, lm_rows, cache, ex)
+    acc = val["after_hits"]
+    order = calibrated_paths(acc, MAX_TREE)
     report = {
         "heads": s.heads, "hidden_size": cache.meta["hidden_size"], "draft_vocab": len(ex.vocab),
         "vocab_coverage": ex.coverage, "val_accuracy": val,
         "tree": {"paths": [list(p) for p in order],
-                 "probability": [path_probability(val["by_rank"], p) for p in order]},
+                 "probability": [path_probability(acc, p) for p in order]},
         "training": {**asdict(s), "steps": step, "seconds": round(seconds, 1),
                      "train_positions": int(len(ex.train)), "final_loss": last_loss},
     }
