@@ -12,7 +12,7 @@ def llm():
     from specdec.training.heads import SHIPPED
 
     try:
-        return LLM("smollm2-135m", dtype="fp32", heads=str(SHIPPED / "smollm2-135m" / "medusa"), tree_nodes=4)
+        return LLM("smollm2-135m", dtype="fp32", heads=str(SHIPPED / "smollm2-135m" / "medusa"))
     except Exception as e:  # noqa: BLE001 - no network and no cache: nothing to test against
         pytest.skip(f"smollm2-135m unavailable: {e}")
 
@@ -25,12 +25,12 @@ PROMPTS = ["What is the capital of France? Answer in one sentence.",
 def test_shipped_heads_keep_greedy_output_and_accept_more_than_one_token(llm):
     from specdec.drafters.medusa import build
 
-    tokens = forwards = 0
-    for tree in ("auto", "chain"):
-        llm._medusa = build(llm, llm.heads, tree, 4 if tree == "auto" else None)
+    for tree, nodes in (("chain", 4), ("auto", 8)):
+        llm._medusa = build(llm, llm.heads, tree, nodes)
+        tokens = forwards = 0
         for p in PROMPTS:
             plain = llm.generate(p, max_new_tokens=48)
             spec = llm.generate(p, max_new_tokens=48, method="medusa", k=4)
             assert spec.token_ids == plain.token_ids, (tree, p)
             tokens, forwards = tokens + spec.new_tokens, forwards + spec.target_forwards
-    assert tokens / forwards > 1.3
+    assert tokens / forwards > 1.3  # the 8-node calibrated tree
