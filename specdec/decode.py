@@ -65,7 +65,7 @@ class Result:
     finish_reason: str          # "stop" (EOS or a stop string) or "length"
     prefill_seconds: float
     acceptance_rate: float      # accepted / drafted (0 when nothing was drafted)
-    accepted_per_position: list[float]  # P(draft position i accepted | reached), i = 1, 2, ...
+    accepted_per_position: list[float]  # P(draft position (tree level) i accepted | reached), i = 1, 2, ...
     drafted: int
     accepted: int
     draft_seconds: float
@@ -221,8 +221,9 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
                         measured.timing(n, tv - td, t1 - tv)
         if not n and not m and len(prompt_ids) > 1:  # a plain step prices prefill work in steps (Drafter.startup)
             ctx.prefill_cost = prefill / (len(prompt_ids) - 1) / (t1 - tv)
-        rounds.append(dict(drafted=n, accepted=result.num_accepted, kind=result.kind if n else "plain",
-                           committed=len(committed), draft_s=tv - td, target_s=t1 - tv, t=t1 - t0))
+        rounds.append(dict(drafted=n, depth=draft.depth, accepted=result.num_accepted,
+                           kind=result.kind if n else "plain", committed=len(committed), draft_s=tv - td,
+                           target_s=t1 - tv, t=t1 - t0))
         accepted_here = min(result.num_accepted, len(committed))
         kind = result.kind if n else "plain"
         if not done:
@@ -239,8 +240,8 @@ def summarize(stopper: Stopper, prompt_len: int, seconds: float, prefill: float,
     drafted = sum(r["drafted"] for r in rounds)
     accepted = sum(r["accepted"] for r in rounds)
     per_pos = []
-    for i in range(max((r["drafted"] for r in rounds), default=0)):
-        reached = [r for r in rounds if r["drafted"] > i and r["accepted"] >= i]
+    for i in range(max((r["depth"] for r in rounds), default=0)):  # depth: a chain's length, a tree's levels
+        reached = [r for r in rounds if r["depth"] > i and r["accepted"] >= i]
         per_pos.append(sum(r["accepted"] > i for r in reached) / len(reached) if reached else 0.0)
     return Result(text=stopper.text, prompt_tokens=prompt_len, new_tokens=n, seconds=seconds,
                   tokens_per_s=n / seconds, target_forwards=forwards, mean_accepted=n / max(forwards, 1),

@@ -40,8 +40,8 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
                    help="plain (no speculation), draft (a small draft model, --draft), prompt-lookup "
                         "(n-grams of the context), retrieval (REST: continuations from a datastore, "
                         "--datastore), early-exit (the target's first L layers, --exit-layer), lookahead (Jacobi window + n-gram pool, "
-                        "no draft), hybrid (the first of --sources that proposes something), medusa (trained heads on the "
-                        "target's last hidden state draft a tree, --heads, --tree) (default plain)")
+                        "no draft), hybrid (the first of --sources that proposes something), medusa (trained "
+                        "heads on the target's last hidden state draft a tree, --heads, --tree) (default plain)")
     g.add_argument("--k", default="auto", type=parse_k,
                    help="draft length per round, or 'auto' (default): chosen each round from measured "
                         "acceptance, draft cost and the verify-cost curve of `specdec probe`; 0 = plain steps")

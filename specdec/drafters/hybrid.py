@@ -100,7 +100,7 @@ class Hybrid(Drafter):
         if i is not None:
             self.counts[self.names[i]]["accepted"] += outcome.num_accepted
             if self.policies is not None:
-                self.policies[i].observe(len(outcome.draft), outcome.num_accepted)
+                self.policies[i].observe(outcome.draft.depth, outcome.num_accepted)  # a tree's depth
         bystander = Outcome(Draft.empty(), 0, outcome.emitted)
         window = Outcome(Draft.empty(), 0, outcome.emitted, outcome.aux_logits)
         for j, source in enumerate(self.sources):
