@@ -179,12 +179,11 @@ class Medusa(Drafter):
         return self.vocab[logits.topk(self.layout.ranks, dim=-1).indices]
 
     def propose(self, ctx: Context, k: int) -> Draft:
-        hidden = getattr(ctx, "hidden", None)
-        if hidden is None or k <= 0:
+        if ctx.hidden is None or k <= 0:  # no hidden state yet (a one-token prompt): a plain step
             return Draft.empty()
         n = self.nodes(k)
         lay = self.layout
-        top = self.candidates(hidden)
+        top = self.candidates(ctx.hidden)
         return Draft(top[lay.depth[:n], lay.rank[:n]], lay.parents[:n])
 
 
@@ -211,6 +210,4 @@ def build(llm, heads_dir: str | None = None, tree: str = "auto", tree_nodes: int
     else:
         paths = read_tree(tree, k, len(vocab))
     first = sum(acc[0][p[0]] for p in paths if len(p) == 1)  # P(some first-level candidate is right)
-    drafter = Medusa(module, lm_rows, vocab, paths, prior_alpha=float(min(first, 0.95)))
-    drafter.folder, drafter.config = folder, config
-    return drafter
+    return Medusa(module, lm_rows, vocab, paths, prior_alpha=float(min(first, 0.95)))
