@@ -6,6 +6,9 @@ with measured inputs instead of assumed ones.
                                                                  given positions < j were accepted)
     cost(k) = verify(k+1) + k * tau                             (in units of one plain target step)
 
+For a tree drafter (Medusa) k is the tree's depth: the drafter cuts its tree at depth k, alpha_j is
+the acceptance at depth j, and cost uses the n = nodes(k) positions that tree verifies, verify(n+1) + n * tau.
+
 alpha_j is a running, decaying per-position estimate for this request and source (acceptance
 decays along a draft, so one alpha would overestimate long drafts); tau is the measured draft
 cost per token over the measured plain step; verify(n) is the forward-cost curve from
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 EXPLORE_MAX = 128     # the longest wait between two probes of a losing source, in plain steps
@@ -71,6 +75,7 @@ class AdaptiveK:
     tried: list[float] = field(default_factory=list)
     plain_streak: int = 0
     probes: int = 0                # probes since speculation last was predicted to win
+    nodes: Callable[[int], int] | None = None  # draft positions at depth k (a tree's size); None: k (a chain)
 
     def alphas(self) -> list[float]:
         out, prev = [], self.prior_alpha
@@ -92,9 +97,14 @@ class AdaptiveK:
             out.append(e)
         return out
 
+    def positions(self, k: int) -> int:
+        """Draft positions a round of depth k verifies: k for a chain, the tree's size at depth k (`nodes`)."""
+        return self.nodes(k) if self.nodes and k else k
+
     def predicted(self) -> list[float]:
         """Predicted speedup for k = 0 .. k_max."""
-        return [e / (self.cost(k + 1) + k * self.tau) for k, e in enumerate(self.expected_tokens())]
+        return [e / (self.cost(self.positions(k) + 1) + self.positions(k) * self.tau)
+                for k, e in enumerate(self.expected_tokens())]
 
     def choose(self, startup: float = 0.0, remaining: int | None = None) -> int:
         """k for the next round. `startup`: a one-time cost in target steps that drafting now would pay

@@ -6,6 +6,7 @@
     r.text, r.tokens_per_s, r.mean_accepted         # same fields as `specdec generate --json`
     r = llm.generate("Fix this code: ...", method="prompt-lookup")        # k chosen adaptively
     r = LLM("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b").generate("...", method="draft", k=4)
+    r = LLM("smollm2-135m", tree="auto").generate("...", method="medusa")  # trained heads, a calibrated tree
     for piece in llm.stream("Tell me a story.", temperature=0.7, seed=1):
         print(piece, end="", flush=True)
 """
@@ -37,7 +38,8 @@ class LLM:
     def __init__(self, model: str = "smollm2-135m", dtype: str | None = None, pull: bool = True,
                  draft: str | None = None, datastore: str | None = None, exit_layer: int | str = "auto",
                  sources: Sequence[str] | str = ("prompt-lookup", "draft"),
-                 lookahead: LookaheadConfig | str | tuple = "auto"):
+                 lookahead: LookaheadConfig | str | tuple = "auto", heads: str | None = None, tree: str = "auto",
+                 tree_nodes: int | None = None):
         from specdec.store import resolve
 
         check_setup(draft=draft, sources=sources, exit_layer=exit_layer, lookahead=lookahead)
@@ -51,6 +53,8 @@ class LLM:
         self.exit_layer = check_exit_layer(exit_layer, self.model.cfg.num_layers)
         self.sources = sources
         self.lookahead = LookaheadConfig.of(lookahead)
+        self.heads, self.tree, self.tree_nodes = heads, tree, tree_nodes  # Medusa: heads folder, tree, its size
+        self._medusa = None
         self._draft = None
         self._retrieval = None
         self._early_exit = None
@@ -88,6 +92,12 @@ class LLM:
             from specdec.drafters.hybrid import build_hybrid
 
             return build_hybrid(self, self.sources, self.drafter)
+        if method == "medusa":
+            if self._medusa is None:
+                from specdec.drafters.medusa import build
+
+                self._medusa = build(self, self.heads, self.tree, self.tree_nodes)
+            return self._medusa
         raise AssertionError(method)
 
     def _draft_model(self):
@@ -129,7 +139,8 @@ class LLM:
                     return FixedK(d.ngram - 1)
                 return AdaptiveK(k_max=d.ngram - 1, cost=self.cost_curve())  # one chain from the pool: like lookup
             return AdaptiveK(cost=self.cost_curve(), tau=getattr(d, "tau_prior", 0.0),
-                             prior_alpha=getattr(d, "prior_alpha", AdaptiveK.prior_alpha))
+                             prior_alpha=getattr(d, "prior_alpha", AdaptiveK.prior_alpha),
+                             k_max=getattr(d, "k_max", AdaptiveK.k_max), nodes=getattr(d, "nodes", None))
 
         if k != "auto":
             return FixedK(k)
@@ -176,7 +187,9 @@ class LLM:
         """Generate a completion of a prompt: text, or a list of token ids (used as is). Keyword arguments
         (`specdec.options.GenerationOptions`): max_new_tokens, temperature (0 = greedy), top_k, top_p, min_p,
         seed (0..2**64-1), stop (a string or a list of strings), chat (None = use the chat template if the
-        model has one), method (one of specdec.drafters.METHODS), k (draft length, or "auto"). Bad values
+        model has one), method (one of specdec.drafters.METHODS), k (draft length, or "auto"), acceptance
+        ("exact", the default, or "typical": Medusa's LOSSY typical acceptance under sampling, with
+        posterior_threshold and posterior_alpha; Result.distribution_exact is then False). Bad values
         raise one SpecdecError (also a ValueError) saying what to pass."""
         for chunk in self.chunks(prompt, **options):
             if chunk.result is not None:

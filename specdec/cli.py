@@ -11,7 +11,7 @@ from specdec import __version__
 from specdec.errors import SpecdecError
 
 COMMANDS = ["models", "pull", "generate", "probe", "quality", "calc", "plot", "bench", "datastore", "exit_layers",
-            "race", "serve", "loadtest"]
+            "race", "serve", "loadtest", "train"]
 
 
 def build_parser() -> argparse.ArgumentParser:

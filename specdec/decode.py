@@ -33,7 +33,7 @@ from specdec.round import commit, feedback, layout, settle
 from specdec.runtime.model import Transformer
 from specdec.sampling import SamplingParams, make_generator, probs_from_logits
 from specdec.tokenizer import Tokenizer
-from specdec.verify import verify
+from specdec.verify import TYPICAL_DELTA, TYPICAL_EPSILON, verify
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,13 @@ class Request:
     max_new_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
+    acceptance: str = "exact"   # sampling verification: "exact" (lossless) or "typical" (Medusa's, LOSSY)
+    posterior_threshold: float = TYPICAL_EPSILON  # typical acceptance's epsilon
+    posterior_alpha: float = TYPICAL_DELTA        # typical acceptance's delta
 
     def __post_init__(self):
+        if self.acceptance not in ("exact", "typical"):
+            raise ValueError(f"acceptance must be 'exact' or 'typical', got {self.acceptance!r}")
         n = self.max_new_tokens
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
@@ -74,6 +79,7 @@ class Result:
     target_seconds: float
     rounds: list[dict] = field(repr=False, default_factory=list)  # per round: drafted, depth, accepted, kind, seconds
     token_ids: list[int] = field(repr=False, default_factory=list)
+    distribution_exact: bool = True  # False under typical acceptance with sampling: output not distributed as p
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -155,7 +161,9 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
     check_context(model, len(prompt_ids), request.max_new_tokens)
     sampling = request.sampling
     policy = policy or FixedK(4 if drafter else 0)
-    mode = "greedy" if sampling.greedy else "exact"
+    mode = "greedy" if sampling.greedy else request.acceptance
+    typical = dict(typical_epsilon=request.posterior_threshold, typical_delta=request.posterior_alpha)
+    hidden_layers = (-1,) if getattr(drafter, "wants_hidden", False) else ()  # Medusa/EAGLE read Context.hidden
     gen = make_generator(sampling.seed)
     stopper = Stopper(tokenizer, request)
     if drafter:
@@ -165,10 +173,10 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
     room = drafter.room(k_most) if drafter else 0
     t0 = time.perf_counter()
     cache = model.new_cache(len(prompt_ids) + request.max_new_tokens + room + 1)
-    logits = model(torch.tensor([prompt_ids[:-1]]), cache).logits if len(prompt_ids) > 1 else None
+    pre = model(torch.tensor([prompt_ids[:-1]]), cache, hidden_layers=hidden_layers) if len(prompt_ids) > 1 else None
     prefill = time.perf_counter() - t0
     ctx = Context(tokens=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling, generator=gen,
-                  target_cache=cache)
+                  target_cache=cache, hidden=pre.hidden[-1][0, -1] if pre is not None and hidden_layers else None)
     forwards, draft_s, target_s, rounds = 0, 0.0, 0.0, []
     done = False
     while not done:
@@ -193,10 +201,13 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
         out = None
         if n and simple and hasattr(drafter, "verify_forward"):  # LayerSkip: reuse the draft's work
             out = drafter.verify_forward(model, cache, inputs)
-        out = out or model(inputs, cache, positions=positions, mask=mask)
+        out = out or model(inputs, cache, positions=positions, mask=mask, hidden_layers=hidden_layers)
         logits = out.logits[0]  # [1+n+m, V]
         forwards += 1
-        result = verify(draft, target_probs(logits[:1 + n], sampling), gen, mode, validate=False)
+        result = verify(draft, target_probs(logits[:1 + n], sampling), gen, mode, validate=False, **typical)
+        if hidden_layers:  # the last accepted position's hidden state: the next round drafts from it
+            last = out.hidden.get(-1)
+            ctx.hidden = None if last is None else last[0, result.path[-1] + 1 if result.path else 0]
         settle(cache, draft, result)
         t1 = time.perf_counter()
         draft_s += tv - td
@@ -215,8 +226,9 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
         if not done:
             yield Chunk(stopper.new_text(), committed, accepted_here, kind)
     seconds = time.perf_counter() - t0
-    yield Chunk(stopper.new_text(), committed, accepted_here, kind,
-                summarize(stopper, len(prompt_ids), seconds, prefill, forwards, draft_s, target_s, rounds))
+    final = summarize(stopper, len(prompt_ids), seconds, prefill, forwards, draft_s, target_s, rounds)
+    final.distribution_exact = mode != "typical"
+    yield Chunk(stopper.new_text(), committed, accepted_here, kind, final)
 
 
 def summarize(stopper: Stopper, prompt_len: int, seconds: float, prefill: float, forwards: int,

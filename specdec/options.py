@@ -119,8 +119,9 @@ class GenerationOptions:
     """One generation's options (the keyword arguments of `LLM.generate` and `LLM.stream`):
     max_new_tokens, temperature (0 = greedy), top_k, top_p, min_p, seed (0..2**64-1, None = random),
     stop (a string or a list of strings; None = none), chat (None = the chat template when the model
-    has one), method (one of specdec.drafters.METHODS) and k (draft length, or "auto").
-    Checked when built; `stop` is normalized to a tuple."""
+    has one), method (one of specdec.drafters.METHODS), k (draft length, or "auto"), and acceptance
+    ("exact", the default, or "typical": Medusa's LOSSY typical acceptance under sampling, with
+    posterior_threshold and posterior_alpha). Checked when built; `stop` is normalized to a tuple."""
 
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -132,6 +133,9 @@ class GenerationOptions:
     chat: bool | None = None
     method: str = "plain"
     k: int | str = "auto"
+    acceptance: str = "exact"
+    posterior_threshold: float | None = None  # None: Medusa's default epsilon (verify.TYPICAL_EPSILON)
+    posterior_alpha: float | None = None      # None: Medusa's default delta (verify.TYPICAL_DELTA)
 
     def __post_init__(self):
         from specdec.decode import Request
@@ -145,7 +149,10 @@ class GenerationOptions:
         try:
             sampling = SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                                       min_p=self.min_p, seed=self.seed)
-            request = Request(max_new_tokens=self.max_new_tokens, sampling=sampling, stop=self.stop)
+            typical = {name: v for name in ("posterior_threshold", "posterior_alpha")
+                       if (v := getattr(self, name)) is not None}
+            request = Request(max_new_tokens=self.max_new_tokens, sampling=sampling, stop=self.stop,
+                              acceptance=self.acceptance, **typical)
         except ValueError as e:
             raise OptionError(str(e)) from None
         object.__setattr__(self, "_request", request)

@@ -58,7 +58,7 @@ def feedback(drafter, policy, draft: Draft, result: VerifyResult, emitted: list[
     n = len(draft)
     drafter.observe(Outcome(draft, result.num_accepted, emitted, aux_logits))
     if n:
-        policy.observe(n, result.num_accepted)
+        policy.observe(draft.depth, result.num_accepted)  # a tree's depth (a chain's length)
         for measured in (policy, drafter):  # tau from this round's times (Hybrid: its proposer's policy)
             if hasattr(measured, "timing") and not getattr(drafter, "stale", False):
                 measured.timing(n, draft_s, target_s)

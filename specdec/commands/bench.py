@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    from specdec.commands.generate import DTYPE_HELP, DTYPES, add_lookahead_args, parse_k
+    from specdec.commands.generate import DTYPE_HELP, DTYPES, add_lookahead_args, add_medusa_args, parse_k
 
     p = sub.add_parser(
         "bench", help="benchmark decoding methods on prompt sets (Spec-Bench, HumanEvalFix)",
@@ -64,6 +64,7 @@ def register(sub) -> None:
     p.add_argument("--k", type=parse_k, default="auto", metavar="auto|N",
                    help="draft length: auto (adaptive, the default) or a fixed N")
     add_lookahead_args(p)
+    add_medusa_args(p, acceptance=False)  # benchmarks verify exactly
     p.add_argument("--compare-hf", action="store_true",
                    help="also run transformers' generate: hf-plain, hf-assisted (with --draft), hf-prompt-lookup")
     p.add_argument("--compare-llamacpp", action="store_true",
@@ -98,6 +99,9 @@ def command_line(args) -> str:
         parts += ["--limit", str(args.limit)]
     parts += ["--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
               "--top-p", str(args.top_p), "--seed", str(args.seed), "--dtype", args.dtype, "--k", str(args.k)]
+    for flag in ("heads", "tree", "tree_nodes"):
+        if getattr(args, flag, None) not in (None, "auto"):
+            parts += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     if args.compare_hf:
         parts.append("--compare-hf")
     if args.compare_llamacpp:
@@ -131,8 +135,10 @@ def run(args) -> int:
 
     if args.draft:
         resolve(args.draft, pull=True)  # an unknown draft model fails now, not after loading the target
+    from specdec.commands.generate import medusa_kwargs
+
     llm = LLM(args.model, dtype=args.dtype, draft=args.draft, datastore=args.datastore,
-              lookahead=lookahead_arg(args))
+              lookahead=lookahead_arg(args), **medusa_kwargs(args))
     dtype = str(llm.dtype).replace("torch.", "")
     settings = runner.BenchSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                     top_p=args.top_p, k=args.k, seed=args.seed)

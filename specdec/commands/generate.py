@@ -8,6 +8,7 @@ import sys
 
 
 DTYPES = ["auto", "fp32", "bf16", "q8", "q4"]
+TYPICAL_EPSILON, TYPICAL_DELTA = 0.09, 0.3  # specdec.verify's defaults (not imported: --help stays torch-free)
 DTYPE_HELP = ("weights: bf16 (native bf16 matmuls with AMX/AVX512-BF16, else bf16 weights through specdec's "
               "AVX2 kernel with fp32 activations) or fp32; q8 / q4: 8-bit / 4-bit blocks of 32 through integer "
               "kernels (q4 keeps a GGUF's own Q4_K/Q4_1/Q4_0 blocks, its other types as q8; built once and "
@@ -42,7 +43,8 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
                    help="plain (no speculation), draft (a small draft model, --draft), prompt-lookup "
                         "(n-grams of the context), retrieval (REST: continuations from a datastore, "
                         "--datastore), early-exit (the target's first L layers, --exit-layer), lookahead (Jacobi window + n-gram pool, "
-                        "no draft), hybrid (the first of --sources that proposes something) (default plain)")
+                        "no draft), hybrid (the first of --sources that proposes something), medusa (trained "
+                        "heads on the target's last hidden state draft a tree, --heads, --tree) (default plain)")
     g.add_argument("--k", default="auto", type=parse_k,
                    help="draft length per round, or 'auto' (default): chosen each round from measured "
                         "acceptance, draft cost and the verify-cost curve of `specdec probe`; 0 = plain steps")
@@ -70,6 +72,33 @@ def add_lookahead_args(p: argparse.ArgumentParser) -> None:
                    help="candidate n-grams from the pool verified per forward")
     g.add_argument("--no-pool", dest="pool", action="store_false",
                    help="keep no n-gram pool: verify only the n-grams the window just produced (a baseline)")
+
+
+def add_medusa_args(p: argparse.ArgumentParser, acceptance: bool = True) -> None:
+    g = p.add_argument_group("medusa (--method medusa, or a hybrid source)")
+    g.add_argument("--heads", default=None, metavar="DIR",
+                   help="heads folder written by `specdec train medusa` (default: the store's heads for --model, "
+                        "else the heads shipped with specdec, e.g. for smollm2-135m)")
+    g.add_argument("--tree", default="auto", metavar="auto|chain|FILE",
+                   help="auto (default): the calibrated sparse tree from the heads' validation accuracies; chain: "
+                        "each head's top token; FILE: a JSON list of rank paths (Medusa's medusa_choices shape), "
+                        "e.g. [[0], [1], [0, 0]]")
+    g.add_argument("--tree-nodes", type=int, default=None, metavar="N",
+                   help="draft nodes in the tree (default: the size the `specdec probe` cost curve favours)")
+    if not acceptance:
+        return
+    g.add_argument("--acceptance", default="exact", choices=["exact", "typical"],
+                   help="under sampling: exact (default, lossless rejection sampling) or typical (Medusa's typical "
+                        "acceptance: LOSSY, the output is not distributed as the model's; --json says so)")
+    g.add_argument("--posterior-threshold", type=float, default=TYPICAL_EPSILON, metavar="EPS",
+                   help=f"typical acceptance: epsilon (default {TYPICAL_EPSILON})")
+    g.add_argument("--posterior-alpha", type=float, default=TYPICAL_DELTA, metavar="DELTA",
+                   help=f"typical acceptance: delta (default {TYPICAL_DELTA})")
+
+
+def medusa_kwargs(args) -> dict:
+    """LLM(...) keyword arguments for Medusa."""
+    return dict(heads=args.heads, tree=args.tree, tree_nodes=args.tree_nodes)
 
 
 def lookahead_arg(args):
@@ -106,6 +135,7 @@ def register(sub) -> None:
     add_model_args(p)
     add_method_args(p)
     add_lookahead_args(p)
+    add_medusa_args(p)
     add_sampling_args(p)
     chat = p.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
@@ -121,7 +151,8 @@ def run(args) -> int:
     # everything the user typed is checked before the model loads (seconds)
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop, chat=args.chat,
-                  method=args.method, k=args.k)
+                  method=args.method, k=args.k, acceptance=args.acceptance,
+                  posterior_threshold=args.posterior_threshold, posterior_alpha=args.posterior_alpha)
     GenerationOptions(**kwargs)
     setup = dict(draft=args.draft, exit_layer=args.exit_layer, sources=args.sources, lookahead=lookahead_arg(args))
     check_setup(**setup, method=args.method)
@@ -129,7 +160,7 @@ def run(args) -> int:
 
     from specdec.api import LLM
 
-    llm = LLM(args.model, dtype=args.dtype, datastore=args.datastore, **setup)
+    llm = LLM(args.model, dtype=args.dtype, datastore=args.datastore, **setup, **medusa_kwargs(args))
     result = None
     for chunk in llm.chunks(prompt, **kwargs):
         if not args.json and chunk.text:
@@ -138,7 +169,9 @@ def run(args) -> int:
     if args.json:
         out = result.to_dict()
         out.pop("token_ids")
-        out.pop("rounds")
+        rounds = out.pop("rounds")
+        out["drafted_per_round"] = [r["drafted"] for r in rounds]   # tree size (a chain's length)
+        out["accepted_per_round"] = [r["accepted"] for r in rounds]  # accepted depth
         out.update(model=args.model, method=args.method, dtype=str(llm.dtype).replace("torch.", ""))
         print(json.dumps(out, indent=2))
     else:

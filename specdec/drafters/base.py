@@ -28,6 +28,8 @@ class Context:
     remaining: int = 0            # tokens the request may still generate
     prefill_cost: float | None = None  # one target prefill token, in target steps, measured (None: no step yet)
     target_cache: KVCache | None = None  # the target's cache (every token but the last): early exit drafts on it
+    hidden: torch.Tensor | None = None  # [D] the target's last hidden state (after the final norm) at the last
+    #                                     accepted position, from the verify pass, for drafters with wants_hidden
 
 
 @dataclass
@@ -71,6 +73,7 @@ class Drafter:
 
     name = "drafter"
     deterministic = True          # q is None: rejection sampling uses q one-hot on the drafted token
+    wants_hidden = False          # True: the loop asks the target for its last hidden state (Context.hidden)
 
     def propose(self, ctx: Context, k: int) -> Draft:
         raise NotImplementedError

@@ -53,6 +53,7 @@ class Hybrid(Drafter):
         self.policies = list(policies) if policies is not None else None
         self.names = _unique([getattr(s, "name", type(s).__name__) for s in sources])
         self.deterministic = all(getattr(s, "deterministic", True) for s in sources)
+        self.wants_hidden = any(getattr(s, "wants_hidden", False) for s in sources)  # Medusa as a source
         self.last_source: str | None = None
         self._last: int | None = None
         self._aux_source: int | None = None   # the source whose lookahead window rode along this round
@@ -102,7 +103,7 @@ class Hybrid(Drafter):
         if i is not None:
             self.counts[self.names[i]]["accepted"] += outcome.num_accepted
             if self.policies is not None:
-                self.policies[i].observe(len(outcome.draft), outcome.num_accepted)
+                self.policies[i].observe(outcome.draft.depth, outcome.num_accepted)  # a tree's depth
         bystander = Outcome(Draft.empty(), 0, outcome.emitted)
         window = Outcome(Draft.empty(), 0, outcome.emitted, outcome.aux_logits)
         for j, source in enumerate(self.sources):

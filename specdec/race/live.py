@@ -186,6 +186,14 @@ class LiveRunner:
             return True, "the first use measures the best exit layer (minutes on a CPU)"
         if method == "hybrid":
             return True, f"sources: {self.sources}"
+        if method == "medusa":
+            from specdec.errors import SpecdecError
+            from specdec.training.heads import find
+
+            try:
+                return True, f"heads: {find(self.model, 'medusa')}"
+            except SpecdecError as e:
+                return False, str(e)
         return True, ""
 
     # --- races ------------------------------------------------------------------------------------

@@ -1,0 +1,101 @@
+"""Trained heads on disk: `heads.safetensors` + `config.json`, tied to one target by a fingerprint.
+
+A heads folder (Medusa now, EAGLE later) holds the tensors and a small JSON config naming the kind,
+the target (name and fingerprint), the shape and how it was trained. Loading checks the fingerprint
+against the model in use and refuses heads made for another target with one clear line.
+
+Where `--method medusa` looks (first found): `--heads DIR`; the store,
+`~/.cache/specdec/heads/<model>/medusa/` (what `specdec train medusa` writes); heads shipped inside the
+package, `specdec/heads/<model>/medusa/` (smollm2-135m).
+
+The fingerprint is sha256 over the model folder's config.json and, for each weight file, its size and
+64 KiB from its middle: cheap, independent of the dtype the weights are loaded in, different for
+another checkpoint of the same architecture.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from specdec.errors import SpecdecError
+
+WEIGHTS, CONFIG = "heads.safetensors", "config.json"
+FORMAT = 1
+SHIPPED = Path(__file__).resolve().parent.parent / "heads"
+
+
+def fingerprint(folder: str | Path) -> str:
+    folder = Path(folder)
+    h = hashlib.sha256()
+    config = folder / "config.json"
+    if config.exists():
+        h.update(config.read_bytes())
+    for f in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.gguf")):
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with f.open("rb") as fh:
+            fh.seek(size // 2)
+            h.update(fh.read(65536))
+    return h.hexdigest()[:16]
+
+
+def _safe(model: str) -> str:
+    return "".join(c if c.isalnum() or c in "-._" else "_" for c in Path(model).name)
+
+
+def store_dir(model: str, kind: str) -> Path:
+    """Where `specdec train KIND --model NAME` writes by default."""
+    from specdec.store import home
+
+    return home() / "heads" / _safe(model) / kind
+
+
+def find(model: str, kind: str, given: str | Path | None = None) -> Path:
+    """The heads folder for `model`: `given`, else the store's, else the package's shipped heads."""
+    if given is not None:
+        folder = Path(given).expanduser()
+        if not (folder / CONFIG).exists():
+            raise SpecdecError(f"{folder}: no {CONFIG} here: pass a folder written by `specdec train {kind}`")
+        return folder
+    for folder in (store_dir(model, kind), SHIPPED / _safe(model) / kind):
+        if (folder / CONFIG).exists():
+            return folder
+    raise SpecdecError(f"no {kind} heads for {model}: train them with `specdec train {kind} --model {model}` "
+                       f"or pass --heads DIR")
+
+
+def save(folder: str | Path, tensors: dict[str, torch.Tensor], config: dict) -> Path:
+    """Write the tensors and the config (config last: its presence means the folder is complete)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / (WEIGHTS + ".tmp")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    os.replace(tmp, folder / WEIGHTS)
+    tmp = folder / (CONFIG + ".tmp")
+    tmp.write_text(json.dumps({"format": FORMAT, **config}, indent=2))
+    os.replace(tmp, folder / CONFIG)
+    return folder
+
+
+def load(folder: str | Path, kind: str, target_folder: str | Path, target_name: str) -> tuple[dict, dict]:
+    """(tensors, config) of a heads folder, after checking it was made for this target."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config = json.loads((folder / CONFIG).read_text())
+    if config.get("kind") != kind:
+        raise SpecdecError(f"{folder} holds {config.get('kind')!r} heads, not {kind!r}")
+    target = config.get("target", {})
+    if target.get("fingerprint") != fingerprint(target_folder):
+        raise SpecdecError(
+            f"{folder}: these {kind} heads were trained for {target.get('name')!r} (fingerprint "
+            f"{target.get('fingerprint')}), not for {target_name!r}: train heads for it with "
+            f"`specdec train {kind} --model {target_name}`")
+    return load_file(str(folder / WEIGHTS)), config

@@ -1,0 +1,452 @@
+"""Medusa on tiny models: trees from rank paths, the calibrated tree, greedy equivalence with trees and
+chains, exact sampling by enumeration (with a broken-residual control), deep-path cache compaction,
+training (loss goes down, an interrupted run resumes to the same heads), heads refused for another
+target, typical acceptance only when asked."""
+
+import copy
+
+import numpy as np
+from collections import defaultdict
+
+import pytest
+import torch
+
+from specdec import verify as V
+from specdec.adaptive import FixedK
+from specdec.decode import Request, decode
+from specdec.draft import Draft, children, forward_layout
+from specdec.drafters.base import Context
+from specdec.drafters.medusa import (Medusa, MedusaHeads, TreeLayout, auto_nodes, calibrated_paths, chain,
+                                     check_paths)
+from specdec.errors import SpecdecError
+from specdec.runtime.loader import load_transformer
+from specdec.sampling import SamplingParams, make_generator, probs_from_logits
+from specdec.tokenizer import Tokenizer
+from tests.tiny import VOCAB, save_tiny
+
+K = 3
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    folder = save_tiny("llama", tmp_path_factory.mktemp("target"), seed=0)
+    return dict(folder=folder, target=load_transformer(folder), tok=Tokenizer(folder))
+
+
+def random_heads(seed=0, scale=0.3):
+    torch.manual_seed(seed)
+    heads = MedusaHeads(K, 64)
+    with torch.no_grad():
+        heads.weight.normal_(0, scale / 8)
+        heads.bias.normal_(0, scale)
+    return heads
+
+
+def medusa(env, paths, heads=None):
+    return Medusa(heads or random_heads(), env["target"].lm_head.weight.detach(), torch.arange(VOCAB), paths)
+
+
+TREE = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0)]
+
+
+class Oracle(Medusa):
+    """Heads that know the target's greedy continuation: at depth i it sits at rank (i + round) % 3 (so
+    accepted paths run through later siblings too), the other ranks are wrong tokens."""
+
+    def __init__(self, env, paths):
+        super().__init__(MedusaHeads(K, 64), env["target"].lm_head.weight.detach(), torch.arange(VOCAB), paths)
+        self.model, self.round = env["target"], 0
+
+    def propose(self, ctx, k):
+        self.tokens, self.round = ctx.tokens, self.round + 1
+        return super().propose(ctx, k)
+
+    def candidates(self, hidden):
+        ids, truth = list(self.tokens), []
+        for _ in range(K):  # head i's true token: the target's greedy token i + 1 after the root
+            ids.append(int(self.model(torch.tensor([ids]), self.model.new_cache(len(ids))).logits[0, -1].argmax()))
+            truth.append(ids[-1])
+        out = torch.zeros(K, self.layout.ranks, dtype=torch.long)
+        for i in range(K):
+            wrong = [t for t in range(3, VOCAB) if t != truth[i]]
+            row = wrong[self.round % 7: self.round % 7 + self.layout.ranks]
+            row[(i + self.round) % self.layout.ranks] = truth[i]
+            out[i] = torch.tensor(row)
+        return out
+
+
+def run(env, ids, drafter=None, policy=None, **kw):
+    chunks = list(decode(env["target"], env["tok"], ids, Request(**kw), drafter, policy))
+    return chunks[-1].result
+
+
+# --- trees ------------------------------------------------------------------------------------------
+
+def test_layout_from_rank_paths():
+    lay = TreeLayout([(0,), (1,), (0, 0), (0, 1), (0, 0, 0)])  # the module docstring's example
+    assert lay.parents.tolist() == [-1, -1, 0, 0, 2]
+    assert lay.depth.tolist() == [0, 0, 1, 1, 2] and lay.rank.tolist() == [0, 1, 0, 1, 0]
+    assert [lay.size[d] for d in range(4)] == [0, 2, 4, 5] and lay.max_depth == 3
+    with pytest.raises(ValueError, match="no parent path"):
+        check_paths([(0,), (1, 0)], 3, 4)
+    with pytest.raises(ValueError, match="1..3 ranks"):
+        check_paths([(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)], 3, 4)
+
+
+def test_calibrated_tree_picks_the_likeliest_paths():
+    acc = [[0.6, 0.2], [0.4, 0.15]]
+    paths = calibrated_paths(acc, 4)
+    assert paths == [(0,), (0, 0), (1,), (0, 1)]  # .6, .24, .2, .09
+    for n in range(1, 7):  # every prefix is a tree
+        check_paths(calibrated_paths(acc, n), 2, 2)
+    assert auto_nodes(acc, lambda n: 1.0) == 6            # free positions: take every path
+    assert auto_nodes(acc, lambda n: 1.0 + 0.5 * (n - 1)) == 1   # steep cost: one node
+
+
+def test_zero_initialised_heads_predict_what_the_lm_head_predicts(env):
+    d = medusa(env, chain(K), MedusaHeads(K, 64))
+    h = torch.randn(64)
+    top = env["target"].lm_head.weight.detach() @ h
+    assert (d.candidates(h) == top.topk(1).indices).all()
+
+
+def test_tree_cut_at_depth_k(env):
+    d = medusa(env, TREE)
+    ctx = Context(tokens=[5, 6], prompt_len=2, sampling=SamplingParams(), generator=make_generator(0),
+                  hidden=torch.randn(64))
+    for k, n in [(1, 3), (2, 6), (3, 9), (8, 9)]:
+        draft = d.propose(ctx, k)
+        assert len(draft) == n == d.nodes(k) and draft.depth == min(k, 3) and draft.q is None
+        for kids in children(draft.parents):  # siblings are distinct tokens: exact with q = None
+            assert len({int(draft.tokens[c]) for c in kids}) == len(kids)
+    assert len(d.propose(Context([5], 1, SamplingParams(), make_generator(0)), 3)) == 0  # no hidden: plain
+
+
+# --- the loop: greedy equivalence, compaction, sampling -------------------------------------------
+
+PROMPTS = ["the cat sat on the mat. the cat", "def f(x): return x", "zz"]
+
+
+@pytest.mark.parametrize("paths", [TREE, chain(K), [(0,), (1,), (2,)]], ids=["tree", "chain", "wide"])
+@pytest.mark.parametrize("which", ["random", "oracle"])
+def test_greedy_equals_plain(env, paths, which):
+    for text in PROMPTS:
+        ids = env["tok"].encode(text, chat=False)
+        plain = run(env, ids, max_new_tokens=30)
+        d = Oracle(env, paths) if which == "oracle" else medusa(env, paths)
+        spec = run(env, ids, d, FixedK(K), max_new_tokens=30)
+        assert spec.token_ids == plain.token_ids and spec.finish_reason == plain.finish_reason
+        if which == "oracle":
+            assert spec.mean_accepted > 1.5 and spec.accepted > 0
+            assert max(r["accepted"] for r in spec.rounds) >= min(2, max(map(len, paths)))
+
+
+def test_compacting_a_deep_path_keeps_the_cache_exact(env):
+    """Verify a 9-node tree, keep the path through later siblings (nodes 1 -> 5 ... ), then the next
+    forward must equal a fresh forward over the committed tokens."""
+    model = env["target"]
+    ids = env["tok"].encode("the cat sat", chat=False)
+    paths = [(0,), (1,), (2,), (0, 0), (1, 0), (1, 1), (1, 1, 0), (1, 1, 1), (1, 1, 2)]
+    lay = TreeLayout(paths)
+    tokens = torch.tensor([10, 11, 12, 20, 21, 22, 30, 31, 32])
+    draft = Draft(tokens, lay.parents)
+    keep = [1, 5, 8]  # (1,), (1, 1), (1, 1, 2): the second, then second, then third candidates
+    cache = model.new_cache(64)
+    model(torch.tensor([ids[:-1]]), cache)
+    offsets, local = forward_layout(draft)
+    start = cache.length
+    mask = torch.ones(1, 1 + len(draft), start + 1 + len(draft), dtype=torch.bool)
+    mask[0, :, start:] = local
+    model(torch.tensor([[ids[-1]] + tokens.tolist()]), cache, positions=(start + offsets)[None], mask=mask)
+    cache.compact([0] + [i + 1 for i in keep], newest=1 + len(draft))
+    committed = ids + tokens[keep].tolist()
+    assert cache.length == len(committed)
+    nxt = model(torch.tensor([[40]]), cache).logits[0, -1]
+    fresh = model(torch.tensor([committed + [40]]), model.new_cache(64)).logits[0, -1]
+    assert torch.allclose(nxt, fresh, atol=1e-5)
+
+
+def tree_law(tokens, parents, p_rows, residual):
+    """Exact law {emitted tuple: probability} of the multi-candidate walk over a deterministic tree:
+    at each node try the children in order, accept child x with probability cur(x), on rejection move
+    to residual(cur, x); with no child accepted emit a token from cur."""
+    kids, law = children(parents), defaultdict(float)
+
+    def walk(node, prefix, w):
+        cur, reach = p_rows[node + 1], w
+        for c in kids[node + 1]:
+            x = int(tokens[c])
+            a = V.acceptance_probability(cur[x])
+            if a > 0:
+                walk(c, prefix + (x,), reach * a)
+            reach *= 1 - a
+            cur = residual(cur, x)
+        for y in range(len(cur)):
+            if reach * float(cur[y]) > 0:
+                law[prefix + (y,)] += reach * float(cur[y])
+
+    walk(-1, (), 1.0)
+    return law
+
+
+def correct_residual(cur, x):
+    return V.residual_distribution(cur, None, x)
+
+
+def broken_residual(cur, x):
+    return cur  # forgets to remove the rejected candidate
+
+
+def two_token_law(env, drafter, ids, sampling, residual):
+    """Exact law of the first two emitted tokens of the Medusa loop: round 1 drafts from the hidden state
+    at the prompt's second-to-last position; a round that emits one token is followed by a round drafting
+    from the hidden state at that round's root."""
+    model = env["target"]
+
+    @torch.no_grad()
+    def forward(prefix):
+        out = model(torch.tensor([prefix]), model.new_cache(len(prefix)), hidden_layers=(-1,))
+        p = probs_from_logits(out.logits[0, -1], sampling).double()
+        return p / p.sum(), out.hidden[-1][0, -1]  # rows exactly normalized in float64
+
+    def round_law(context, hidden_prefix):
+        ctx = Context(list(context), len(context), sampling, make_generator(0), hidden=forward(hidden_prefix)[1])
+        draft = drafter.propose(ctx, K)
+        rows = [forward(list(context))[0]]
+        for node in range(len(draft)):
+            path = [int(draft.tokens[j]) for j in _path(draft.parents, node)]
+            rows.append(forward(list(context) + path)[0])
+        return tree_law(draft.tokens, draft.parents, torch.stack(rows), residual)
+
+    joint = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
+    for seq, w in round_law(ids, ids[:-1]).items():
+        if len(seq) >= 2:
+            joint[seq[0], seq[1]] += w
+        else:
+            for seq2, w2 in round_law(ids + [seq[0]], ids).items():
+                joint[seq[0], seq2[0]] += w * w2
+    p1 = forward(ids)[0]
+    exact = torch.stack([p1[t] * forward(ids + [t])[0] for t in range(VOCAB)])
+    return joint, exact
+
+
+def _path(parents, node):
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = int(parents[node])
+    return out[::-1]
+
+
+def test_tree_sampling_is_exact_by_enumeration(env):
+    ids = env["tok"].encode("the cat", chat=False)
+    sampling = SamplingParams(temperature=1.5, top_k=6)  # peaky enough that drafts get accepted
+    for d in (medusa(env, TREE), Oracle(env, TREE)):
+        joint, exact = two_token_law(env, d, ids, sampling, correct_residual)
+        assert abs(joint.sum().item() - 1) < 1e-9
+        assert (joint - exact).abs().max().item() < 1e-9
+        broken, _ = two_token_law(env, d, ids, sampling, broken_residual)
+        assert 0.5 * (broken - exact).abs().sum().item() > 0.01  # the enumeration catches a broken residual
+
+
+def test_the_loop_samples_like_its_exact_law(env):
+    """The decode loop itself (verify's tree walk) against the enumerated law: first-token histogram."""
+    tok = copy.copy(env["tok"])
+    tok.eos_ids = frozenset()
+    e = dict(env, tok=tok)
+    ids = tok.encode("the cat", chat=False)
+    sampling = SamplingParams(temperature=1.5, top_k=6)
+    d = medusa(env, TREE)
+    _, exact = two_token_law(env, d, ids, sampling, correct_residual)
+    n, counts = 600, torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
+    for seed in range(n):
+        sp = SamplingParams(temperature=1.5, top_k=6, seed=seed)
+        r = run(e, ids, d, FixedK(K), max_new_tokens=2, sampling=sp)
+        counts[r.token_ids[0], r.token_ids[1]] += 1
+    tv1 = 0.5 * (counts.sum(1) / n - exact.sum(1)).abs().sum().item()
+    tv2 = 0.5 * (counts.sum(0) / n - exact.sum(0)).abs().sum().item()
+    assert tv1 < 0.1 and tv2 < 0.15, (tv1, tv2)
+
+
+def test_typical_acceptance_only_when_asked(env):
+    ids = env["tok"].encode("the cat", chat=False)
+    d = Oracle(env, TREE)
+    sp = SamplingParams(temperature=0.8, seed=3)
+    exact = run(env, ids, d, FixedK(K), max_new_tokens=20, sampling=sp)
+    assert exact.distribution_exact
+    lossy = run(env, ids, d, FixedK(K), max_new_tokens=20, sampling=sp, acceptance="typical",
+                posterior_threshold=0.3, posterior_alpha=0.5)
+    assert not lossy.distribution_exact
+    assert run(env, ids, d, FixedK(K), max_new_tokens=5, acceptance="typical").distribution_exact  # greedy
+    with pytest.raises(ValueError, match="acceptance"):
+        Request(acceptance="lossy")
+
+
+# --- training and the heads file --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hidden(env, tmp_path_factory):
+    from specdec.training import corpus, hidden_cache
+
+    words = ["the cat", "sat on", "a mat", "and then", "it ran", "far away"]
+    g = torch.Generator().manual_seed(0)
+    docs = [" ".join(words[int(i)] for i in torch.randint(0, 6, (60,), generator=g)) for _ in range(8)]
+    folder = tmp_path_factory.mktemp("hidden")
+    toks = corpus.token_documents(docs, env["tok"], max_len=200)
+    cache = hidden_cache.build(env["target"], toks, folder / "c", 1200, {"test": 1}, progress=False)
+    assert len(cache) == 1200 and cache.hidden.shape == (1200, 64)
+    again = hidden_cache.build(None, iter(()), folder / "c", 1200, {"test": 1}, progress=False)  # no target pass
+    assert (again.labels == cache.labels).all()
+    return cache
+
+
+def mean_loss(heads, cache, lm, ex):
+    import numpy as np
+    import torch.nn.functional as F
+
+    idx = ex.train
+    logits = heads(torch.from_numpy(np.asarray(cache.hidden[idx], dtype=np.float32))) @ lm[ex.vocab].t()
+    return F.cross_entropy(logits.flatten(0, 1), torch.from_numpy(ex.target[idx]).flatten(), ignore_index=-1).item()
+
+
+def test_training_lowers_the_loss_and_resumes_exactly(env, hidden, tmp_path, monkeypatch):
+    from specdec.training import medusa as T
+
+    lm = env["target"].lm_head.weight.detach()
+    s = T.TrainSettings(heads=K, epochs=2, batch=64, lr=3e-3, draft_vocab=40, checkpoint_every=5)
+    full, report = T.train(hidden, lm, s, tmp_path / "a", progress=False)
+    ex = T.Examples(hidden, s)
+    trained = MedusaHeads(K, 64)
+    trained.load_state_dict({"weight": full["weight"].float(), "bias": full["bias"].float()})
+    assert mean_loss(trained, hidden, lm, ex) < mean_loss(MedusaHeads(K, 64), hidden, lm, ex) - 0.1
+    assert len(report["val_accuracy"]["top1"]) == K and report["tree"]["paths"][0] == [0]
+
+    calls = {"n": 0}
+    real = T.F.cross_entropy
+
+    def interrupted(*a, **kw):  # Ctrl-C in the 13th step (after the checkpoint at step 10)
+        calls["n"] += 1
+        if calls["n"] == 13:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(T.F, "cross_entropy", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        T.train(hidden, lm, s, tmp_path / "b", progress=False)
+    monkeypatch.setattr(T.F, "cross_entropy", real)
+    assert torch.load(tmp_path / "b" / T.CHECKPOINT, weights_only=False)["step"] == 12  # saved on Ctrl-C
+    resumed, report_b = T.train(hidden, lm, s, tmp_path / "b", resume=True, progress=False)
+    assert report_b["training"]["steps"] == report["training"]["steps"]
+    assert torch.equal(resumed["weight"], full["weight"]) and torch.equal(resumed["bias"], full["bias"])
+    with pytest.raises(SpecdecError, match="no checkpoint"):
+        T.train(hidden, lm, s, tmp_path / "c", resume=True, progress=False)
+
+
+def test_heads_for_another_target_are_refused(env, tmp_path):
+    from specdec.training import heads
+
+    other = save_tiny("llama", tmp_path / "other", seed=1)
+    tensors = {"weight": torch.zeros(K, 64, 64), "bias": torch.zeros(K, 64), "vocab": torch.arange(VOCAB)}
+    acc = {"after_hits": [[0.5, 0.2, 0.1]] * K}
+    heads.save(tmp_path / "h", tensors, {"kind": "medusa", "target": {"name": "tiny-0",
+               "fingerprint": heads.fingerprint(env["folder"])}, "heads": K, "hidden_size": 64, "val_accuracy": acc})
+    got, config = heads.load(tmp_path / "h", "medusa", env["folder"], "tiny-0")
+    assert config["heads"] == K and torch.equal(got["vocab"], torch.arange(VOCAB))
+    with pytest.raises(SpecdecError, match="trained for 'tiny-0'.*not for 'tiny-1'.*specdec train medusa"):
+        heads.load(tmp_path / "h", "medusa", other, "tiny-1")
+    with pytest.raises(SpecdecError, match="no config.json"):
+        heads.find("tiny-0", "medusa", tmp_path / "nothing")
+
+
+class Recorder(Medusa):
+    def propose(self, ctx, k):
+        self.seen.append((list(ctx.tokens), ctx.hidden))
+        return super().propose(ctx, k)
+
+
+def test_heads_read_the_hidden_state_at_the_last_accepted_position(env):
+    """Every round's Context.hidden is the target's final hidden state at the token before the root, as a
+    fresh forward over the committed tokens computes it (prefill for round 1, the verify pass after)."""
+    model = env["target"]
+    for d in (Recorder(random_heads(), model.lm_head.weight.detach(), torch.arange(VOCAB), TREE),
+              type("OracleRecorder", (Recorder, Oracle), {})(env, TREE)):
+        d.seen = []
+        run(env, env["tok"].encode("the cat sat", chat=False), d, FixedK(K), max_new_tokens=24)
+        assert len(d.seen) > 5
+        for tokens, hidden in d.seen:
+            out = model(torch.tensor([tokens[:-1]]), model.new_cache(len(tokens)), hidden_layers=(-1,))
+            assert torch.allclose(hidden, out.hidden[-1][0, -1], atol=1e-4)
+
+
+def test_train_and_generate_from_the_command_line(env, tmp_path, monkeypatch, capsys):
+    import json
+
+    from specdec.cli import main
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    data = tmp_path / "corpus.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"count {i}"}, {"role": "assistant", "content": "1 2 3 4 " * 9}]}
+            for i in range(6)]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "heads"
+    args = ["train", "medusa", "--model", str(env["folder"]), "--data", str(data), "--tokens", "500", "--epochs", "1",
+            "--heads", "2", "--draft-vocab", "30", "--batch", "32", "--out", str(out), "--quiet"]
+    assert main(args) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["heads"] == 2 and config["data"]["tokens"] == 500 and len(config["tree"]["paths"]) > 2
+    capsys.readouterr()
+    gen = ["generate", "count 9", "--model", str(env["folder"]), "--method", "medusa", "--heads", str(out),
+           "--tree-nodes", "3", "--k", "2", "--max-new-tokens", "8", "--json"]
+    assert main(gen) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["distribution_exact"] and max(result["drafted_per_round"]) == 3
+    other = save_tiny("llama", tmp_path / "other", seed=1)
+    assert main(["generate", "x", "--model", str(other), "--method", "medusa", "--heads", str(out)]) == 2
+    assert "trained for" in capsys.readouterr().err
+
+
+def test_medusa_as_a_hybrid_source(env):
+    """Rounds drafted by prompt lookup still bring the hidden state back for Medusa's next proposal."""
+    from specdec.drafters.hybrid import Hybrid
+    from specdec.drafters.prompt_lookup import PromptLookup
+
+    ids = env["tok"].encode("the cat sat on the mat. the cat sat on", chat=False)
+    plain = run(env, ids, max_new_tokens=40)
+    h = Hybrid([PromptLookup(), Oracle(env, TREE)])
+    assert h.wants_hidden
+    spec = run(env, ids, h, FixedK(K), max_new_tokens=40)
+    assert spec.token_ids == plain.token_ids
+    stats = h.stats()
+    assert stats["medusa"]["accepted"] > 0
+
+
+def test_an_interrupted_hidden_cache_build_continues(env, tmp_path):
+    from specdec.training import corpus, hidden_cache
+
+    docs = [f"document {i}: " + "abc " * 30 for i in range(6)]
+    toks = list(corpus.token_documents(docs, env["tok"], max_len=100))
+    whole = hidden_cache.build(env["target"], iter(toks), tmp_path / "a", 400, {"t": 1}, progress=False)
+
+    def stops_after_three():
+        yield from toks[:3]
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        hidden_cache.build(env["target"], stops_after_three(), tmp_path / "b", 400, {"t": 1}, progress=False,
+                           save_every=0)
+    assert not (tmp_path / "b" / "meta.json").exists()
+    calls = []
+
+    class Counting:  # the target, counting its forwards
+        cfg = env["target"].cfg
+        new_cache = env["target"].new_cache
+
+        def __call__(self, tokens, *a, **kw):
+            calls.append(tokens.shape[1])
+            return env["target"](tokens, *a, **kw)
+
+    rest = hidden_cache.build(Counting(), iter(toks), tmp_path / "b", 400, {"t": 1}, progress=False)
+    assert len(calls) == whole.meta["documents"] - 3  # only the documents the first build did not reach
+    assert rest.meta == whole.meta
+    for a in hidden_cache.ARRAYS:
+        assert np.array_equal(getattr(rest, a), getattr(whole, a))
