@@ -173,7 +173,7 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
     room = drafter.room(k_most) if drafter else 0
     t0 = time.perf_counter()
     cache = model.new_cache(len(prompt_ids) + request.max_new_tokens + room + 1)
-    pre = model(torch.tensor([prompt_ids[:-1]]), cache, hidden_layers=hidden_layers) if len(prompt_ids) > 1 else None
+    pre = model.prefill(prompt_ids[:-1], cache, hidden_layers)
     prefill = time.perf_counter() - t0
     ctx = Context(tokens=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling, generator=gen,
                   target_cache=cache, hidden=pre.hidden[-1][0, -1] if pre is not None and hidden_layers else None)

@@ -68,3 +68,26 @@ def test_batched_engine_keeps_greedy_output_on_smollm2(smol):
     while engine.busy:
         engine.step()
     assert [got[n] for n in range(len(ids))] == refs
+
+
+def test_batched_engine_prefill_pieces_keep_q4_greedy_output(smol):
+    """The server shares each step's prefill among new prompts; prompts are still cut where decode() cuts
+    them (`prefill_spans`), so with q4's row-exact kernels every request's tokens equal its own decode()'s
+    (prefill of the fourth prompt split across steps at other points gave other bits before)."""
+    from specdec.api import LLM
+    from specdec.decode import Request
+    from specdec.serving.engine import Engine, Job
+
+    llm = LLM(str(smol), dtype="q4")
+    prompts = ["def add(a, b):\n    return a + b\n\nRewrite add with a docstring.", "Name three colours.",
+               "List the planets of the solar system in order.", "Tell me about cats. Cats are"]
+    ids = [llm.tokenizer.encode(p) for p in prompts]
+    refs = [llm.generate(i, max_new_tokens=24, method="prompt-lookup").token_ids for i in ids]
+    engine = Engine(llm.model, llm.tokenizer, budget=3, speculation="always", max_batch=4, prefill_chunk=48)
+    got = {n: [] for n in range(len(ids))}
+    for n, i in enumerate(ids):
+        engine.submit(Job(i, Request(max_new_tokens=24), method="prompt-lookup",
+                          on_event=lambda e, n=n: got[n].extend(e.tokens)))
+    while engine.busy:
+        engine.step()
+    assert [got[n] for n in range(len(ids))] == refs

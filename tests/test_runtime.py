@@ -128,3 +128,11 @@ def test_cache_argument_checks(pair):
         cache.rewind(5)
     with pytest.raises(ValueError):
         cache.compact([0, 7], newest=3)
+
+
+def test_prefill_spans_cut_at_multiples_of_the_chunk():
+    from specdec.runtime.model import prefill_spans
+
+    assert prefill_spans(0, 600) == [(0, 256), (256, 512), (512, 600)]
+    assert prefill_spans(100, 300) == [(100, 256), (256, 300)]
+    assert prefill_spans(256, 257) == [(256, 257)] and prefill_spans(5, 5) == []

@@ -127,7 +127,7 @@ class EarlyExit(Drafter):
         self.cache.grow(slots)
         new = tokens[sync_prefix(self.cache, self.fed, tokens):]
         if len(new) > ROW_EXACT_MAX:  # a prefill: as the target's (all but the last token), then the last alone
-            self.model(torch.tensor([new[:-1]]), self.cache, exit_layer=self.exit_layer, last_only=True)
+            self.model.prefill(new[:-1], self.cache, exit_layer=self.exit_layer)
             self.fed.extend(new[:-1])
             new = new[-1:]
         return self._step(new)

@@ -41,6 +41,15 @@ from specdec.runtime.kv_cache import KVCache
 
 
 ROW_EXACT_MAX = 32  # longest causal chain attended row by row (verification); longer ones (prefill): one call
+PREFILL_CHUNK = 256  # prompts are fed in chunks cut at multiples of this position (`prefill_spans`)
+
+
+def prefill_spans(start: int, end: int, chunk: int = PREFILL_CHUNK) -> list[tuple[int, int]]:
+    """Cut positions start..end-1 at multiples of `chunk`: the pieces a prompt is fed in. Decoding one request
+    and the batched server cut alike, so every piece is the same attention call and a prompt's KV cache holds
+    the same bits however the server shares its steps. Example: (0, 600) -> (0, 256), (256, 512), (512, 600)."""
+    cuts = [start] + list(range((start // chunk + 1) * chunk, end, chunk)) + [end]
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
 @dataclass
@@ -246,6 +255,16 @@ class Transformer(nn.Module):
         verification forward (a chain of up to ROW_EXACT_MAX positions, a tree, a lookahead window) then gives
         bit-identical logits to single-position forwards (`attention_plan`), so greedy speculation is exact."""
         return self.dtype in quant.FORMATS or (self.dtype == torch.bfloat16 and self.compute_dtype == torch.float32)
+
+    def prefill(self, tokens: Sequence[int], cache: KVCache, hidden_layers: Sequence[int] = (),
+                exit_layer: int | None = None) -> ForwardOutput | None:
+        """Feed prompt tokens after the cache's content in `prefill_spans` pieces; the last piece's output
+        (logits and hidden states of its last position only), or None when there is nothing to feed."""
+        out, start = None, cache.length
+        for a, b in prefill_spans(start, start + len(tokens)):
+            out = self(torch.tensor([list(tokens[a - start:b - start])]), cache, hidden_layers=hidden_layers,
+                       exit_layer=exit_layer, last_only=True)
+        return out
 
     def new_cache(self, max_len: int | None = None, batch: int = 1) -> KVCache:
         max_len = max_len or self.cfg.max_position_embeddings

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.runtime.kv_cache import KVCache
-from specdec.runtime.model import ROW_EXACT_MAX, Transformer, rotate
+from specdec.runtime.model import Transformer, attend_rows, rotate
 
 
 @dataclass
@@ -39,20 +39,14 @@ class Segment:
         return len(self.tokens)
 
 
-def _attend(q, keys, values, start: int, local, row_exact: bool, gqa: bool) -> torch.Tensor:
-    """One request's attention, as `Block.forward` does it for the same positions and mask."""
-    n = q.shape[2]
-    if local is None and n > 1 and row_exact and n <= ROW_EXACT_MAX:
-        return torch.cat([F.scaled_dot_product_attention(q[:, :, i:i + 1], keys[:, :, :start + i + 1],
-                                                         values[:, :, :start + i + 1], enable_gqa=gqa)
-                          for i in range(n)], dim=2)
+def _plan(model: Transformer, s: Segment, start: int):
+    """(mask, RowPlan) for one segment, as the model's own forward picks them (`Transformer.attention_plan`):
+    verification attends row by row where the model's does, so it stays bit-identical to plain decoding."""
     mask = None
-    if local is not None:
-        mask = torch.ones(n, start + n, dtype=torch.bool)
-        mask[:, start:] = local
-    elif n > 1:
-        mask = torch.ones(n, start + n, dtype=torch.bool).tril(diagonal=start)
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
+    if s.local is not None:
+        mask = torch.ones(1, len(s), start + len(s), dtype=torch.bool)
+        mask[0, :, start:] = s.local
+    return model.attention_plan(len(s), start, mask)
 
 
 @torch.inference_mode()
@@ -76,19 +70,24 @@ def packed_forward(model: Transformer, segments: list[Segment]) -> list[torch.Te
         end += len(s)
     x = model.embed(torch.tensor([[t for s in segments for t in s.tokens]]))  # [1, N, D]
     gqa = cfg.num_heads != cfg.num_kv_heads
+    plans = [_plan(model, s, start) for s, start in zip(segments, starts)]
     h, hk, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     for layer, block in enumerate(model.layers):
         q, k, v = block.qkv(block.input_norm(x)).split([block.q_size, block.kv_size, block.kv_size], dim=-1)
         outs = []
-        for s, start, (a, b), (cos, sin) in zip(segments, starts, bounds, ropes):
+        for s, start, (a, b), (cos, sin), (mask, plan) in zip(segments, starts, bounds, ropes, plans):
             n = b - a
             qs = rotate(q[:, a:b].view(1, n, h, hd).transpose(1, 2), cos, sin)
             ks = rotate(k[:, a:b].view(1, n, hk, hd).transpose(1, 2), cos, sin)
-            s.cache.write(layer, ks, v[:, a:b].view(1, n, hk, hd).transpose(1, 2), start)
-            keys, values = s.cache.view(layer, start + n)
-            if keys.dtype != qs.dtype:
-                keys, values = keys.to(qs.dtype), values.to(qs.dtype)
-            att = _attend(qs, keys, values, start, s.local, model.row_exact, gqa)
+            vs = v[:, a:b].view(1, n, hk, hd).transpose(1, 2)
+            s.cache.write(layer, ks, vs, start)
+            if plan is not None:
+                att = attend_rows(qs, ks, vs, s.cache, layer, start, plan, gqa)
+            else:
+                keys, values = s.cache.view(layer, start + n)
+                if keys.dtype != qs.dtype:
+                    keys, values = keys.to(qs.dtype), values.to(qs.dtype)
+                att = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, enable_gqa=gqa)
             outs.append(att.transpose(1, 2).reshape(1, n, -1))
         x = x + block.o(torch.cat(outs, dim=1))
         gate, up = block.gate_up(block.post_norm(x)).chunk(2, dim=-1)

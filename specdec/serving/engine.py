@@ -3,7 +3,8 @@
 Every step, for all running requests at once:
 
     admit waiting jobs into free slots, interactive first (a slot: its own KV cache, drafter, adaptive k, stopper)
-    prefill: the next chunk of each new prompt (at most `prefill_chunk` tokens per step in all)
+    prefill: the next piece of each new prompt, cut as decode() cuts it (`prefill_spans`, so its KV is the
+             same bits), whole pieces while they fit in `prefill_chunk` tokens per step, at least one
     grant:   each decoding request's k from the scheduler (its own alpha and tau, B, priority, and the
              budget line or the measured cost curve)
     draft:   each decoding request proposes up to its k tokens
@@ -37,7 +38,7 @@ from specdec.decode import Request, Stopper, check_context, target_probs
 from specdec.draft import Draft
 from specdec.drafters.base import Context
 from specdec.errors import SpecdecError
-from specdec.runtime.model import Transformer
+from specdec.runtime.model import Transformer, prefill_spans
 from specdec.sampling import make_generator
 from specdec.serving import scheduler
 from specdec.serving.batch import Segment, packed_forward
@@ -194,9 +195,11 @@ class Engine:
         t0 = time.perf_counter()
         decoding = [s for s in self.running if s.decoding]
         segments, prefills, left = [], [], self.prefill_chunk
-        for slot in self.running:  # prefill chunks, oldest request first
-            if not slot.decoding and left > 0:
-                end = min(len(slot.job.prompt_ids) - 1, slot.prefilled + left)
+        for slot in self.running:  # prefill pieces, oldest request first: whole `prefill_spans` pieces (as
+            if not slot.decoding and left > 0:  # decode() feeds them), while they fit, at least one per step
+                end = prefill_spans(slot.prefilled, len(slot.job.prompt_ids) - 1)[0][1]
+                if end - slot.prefilled > left and segments:
+                    break
                 segments.append(Segment(slot.cache, slot.job.prompt_ids[slot.prefilled:end], logits=False))
                 prefills.append((slot, end))
                 left -= end - slot.prefilled
