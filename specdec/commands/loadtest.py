@@ -32,6 +32,8 @@ def modes_arg(value: str) -> list[str]:
 
 
 def register(sub) -> None:
+    from specdec.commands.generate import DTYPES
+
     p = sub.add_parser("loadtest", help="measure a local `specdec serve` under concurrent streaming load",
                        description="For each concurrency level, send --requests streaming chat requests (greedy) with "
                                    "at most that many in flight, and report throughput, time to first token, p50/p99 "
@@ -45,7 +47,7 @@ def register(sub) -> None:
     p.add_argument("--model", default=None,
                    help="model name to request (default: the server's; with --serve: the model to serve, "
                         "default smollm2-135m)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"], help="with --serve: the weights' dtype")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="with --serve: the weights' dtype")
     p.add_argument("--budget", default="auto", help="with --serve: the servers' --budget (default auto: the probe's)")
     p.add_argument("--max-batch", type=int, default=16, help="with --serve: the servers' --max-batch (default 16)")
     p.add_argument("--concurrency", type=levels_arg, default=[1, 2, 4, 8], metavar="C,C,...",
