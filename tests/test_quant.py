@@ -197,6 +197,18 @@ def qenv(request, tmp_path_factory):
 PROMPTS = ["def add(a, b): return a + b. def add(a, b): return", "the cat sat on the mat. the cat", "xyz"]
 
 
+def medusa_tree(model):
+    """Medusa on a quantized target: its LM head is a QLinear, so the draft rows are dequantized (lm_head_rows)."""
+    from specdec.drafters.medusa import Medusa, MedusaHeads, lm_head_rows
+
+    torch.manual_seed(0)
+    heads = MedusaHeads(3, model.cfg.hidden_size)
+    with torch.no_grad():
+        heads.weight.normal_(0, 0.04)
+    vocab = torch.arange(VOCAB)
+    return Medusa(heads, lm_head_rows(model, vocab), vocab, [(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])
+
+
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_greedy_speculation_equals_plain(qenv, k):
     env = qenv
@@ -210,7 +222,7 @@ def test_greedy_speculation_equals_plain(qenv, k):
         plain = run(ids)
         drafters = [PromptLookup(), DraftModel(env["draft"], VOCAB, VOCAB), EarlyExit(model, 1, max_len=128),
                     Lookahead(window=3, ngram=3, guesses=2, eos_ids=(2,)),
-                    Hybrid([PromptLookup(), EarlyExit(model, 2, max_len=128, reuse=True)])]
+                    Hybrid([PromptLookup(), EarlyExit(model, 2, max_len=128, reuse=True)]), medusa_tree(model)]
         for drafter in drafters:
             spec = run(ids, drafter, FixedK(k if not isinstance(drafter, Lookahead) else 2))
             assert spec.token_ids == plain.token_ids and spec.text == plain.text, (drafter.name, text)

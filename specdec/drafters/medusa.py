@@ -188,6 +188,20 @@ class Medusa(Drafter):
         return Draft(top[lay.depth[:n], lay.rank[:n]], lay.parents[:n])
 
 
+def lm_head_rows(model, vocab: torch.Tensor) -> torch.Tensor:
+    """The target's LM-head rows for the draft vocabulary [Vd, D]: as they are, or, for a quantized head
+    (q8/q4 `QLinear`), dequantized once to bf16 when the bf16 kernel runs them (else fp32)."""
+    from specdec.runtime import kernels
+    from specdec.runtime.kernels import quant
+    from specdec.runtime.model import QLinear
+
+    head = model.lm_head
+    if not isinstance(head, QLinear):
+        return head.weight.detach()[vocab]
+    rows = torch.cat([quant.dequantize(p) for p in head.parts])[vocab]
+    return rows.to(torch.bfloat16) if kernels.available() else rows.float()
+
+
 def build(llm, heads_dir: str | None = None, tree: str = "auto", tree_nodes: int | None = None) -> Medusa:
     """The Medusa drafter for an `LLM`: heads found by `specdec.training.heads.find`, checked against
     the target; tree 'auto' (calibrated, sized by `tree_nodes` or the probe's cost curve), 'chain' or a
@@ -200,7 +214,7 @@ def build(llm, heads_dir: str | None = None, tree: str = "auto", tree_nodes: int
     module = MedusaHeads(k, d)
     module.load_state_dict({"weight": tensors["weight"].float(), "bias": tensors["bias"].float()})
     vocab = tensors["vocab"].long()
-    lm_rows = llm.model.lm_head.weight.detach()[vocab]
+    lm_rows = lm_head_rows(llm.model, vocab)
     acc = config["val_accuracy"]["after_hits"]  # acc[i][r]: head i's rank r, after heads 0 .. i-1 were right
     if tree_nodes is not None and tree_nodes < 1:
         raise ValueError(f"--tree-nodes must be at least 1, got {tree_nodes}")
