@@ -237,6 +237,24 @@ def test_free_slots_go_to_interactive_jobs_first(tiny):
         started += [s.job for s in engine.running if s.job not in started]
     assert started == [jobs[0], jobs[2], jobs[1], jobs[3]]
 
+
+def test_new_requests_start_from_the_servers_realized_alpha(tiny):
+    """Adaptive k's prior for a new request is the alpha the server realized for its drafter and class: with
+    alpha 0.1 measured, a fresh request predicts k = 0 (plain) instead of drafting on an optimistic 0.6."""
+    model, tok = tiny
+    engine = Engine(model, tok, budget=6, cost=CostCurve({1: 1.0, 2: 1.17, 4: 1.4, 8: 1.78}))  # SmolLM2 q4's probe
+    job = Job(tok.encode("abc", chat=False), Request(max_new_tokens=3), method="prompt-lookup")
+    fresh = engine.new_policy(job, "prompt-lookup")
+    assert fresh.prior_alpha == 0.6 and fresh.choose() > 0  # nothing realized yet: optimistic
+    engine.metrics.acceptance("prompt-lookup", "interactive", 20, 2)
+    assert engine.new_policy(job, "prompt-lookup").prior_alpha == 0.6  # too little drafted to trust
+    engine.metrics.acceptance("prompt-lookup", "interactive", 80, 8)
+    policy = engine.new_policy(job, "prompt-lookup")
+    assert policy.prior_alpha == pytest.approx(0.1) and policy.choose() == 0
+    assert engine.new_policy(Job(job.prompt_ids, job.request, method="prompt-lookup", priority="batch"),
+                             "prompt-lookup").prior_alpha == 0.6  # per class
+
+
 # --- the scheduler -----------------------------------------------------------------------------------
 
 def test_lesson_allocation_b120():

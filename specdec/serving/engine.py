@@ -85,7 +85,7 @@ class Slot:
     def __init__(self, engine: "Engine", job: Job):
         self.job = job
         self.drafter = engine.new_drafter(job.method)
-        self.policy = engine.new_policy(job.k) if self.drafter else None
+        self.policy = engine.new_policy(job, self.drafter.name) if self.drafter else None
         room = getattr(self.policy, "k_max", getattr(self.policy, "k", 0))
         n = len(job.prompt_ids)
         self.cache = engine.model.new_cache(n + job.request.max_new_tokens + room + 1)
@@ -131,8 +131,14 @@ class Engine:
             return PromptLookup()
         raise SpecdecError(f"the server drafts with one of {', '.join(METHODS)}, not {method!r}")
 
-    def new_policy(self, k: int | str):
-        return AdaptiveK(cost=self.cost) if k == "auto" else FixedK(k)
+    def new_policy(self, job: Job, drafter: str):
+        """A request's k policy. Adaptive k starts from the alpha this server has realized for its drafter and
+        priority class (the dashboard's signal), not from an optimistic prior: a new request on a workload
+        where speculation loses does not ask for k until its own rounds say otherwise."""
+        if job.k != "auto":
+            return FixedK(job.k)
+        alpha = self.metrics.realized_alpha(drafter, job.priority)
+        return AdaptiveK(cost=self.cost) if alpha is None else AdaptiveK(cost=self.cost, prior_alpha=alpha)
 
     def check(self, job: Job) -> None:
         """Raise SpecdecError (a 400 for the HTTP app) when a job cannot run."""

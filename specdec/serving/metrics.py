@@ -85,6 +85,12 @@ class Metrics:
             if i < accepted:
                 self.pos_accepted.labels(str(i + 1)).inc()
 
+    def realized_alpha(self, drafter: str, priority: str, least: int = 32) -> float | None:
+        """alpha this server has realized for a drafter and priority class (accepted / drafted), once at least
+        `least` tokens were drafted; None before."""
+        drafted, accepted = self.totals.get((drafter, priority), (0, 0))
+        return accepted / drafted if drafted >= least else None
+
     def inter_token(self, seconds: float, speculating: bool) -> None:
         self.itl.labels("true" if speculating else "false").observe(seconds)
 
