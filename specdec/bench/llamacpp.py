@@ -73,7 +73,8 @@ class LlamaCppMethod:
             raise SpecdecError("--compare-llamacpp runs greedy only: drop --temperature")
         self.name, self.tok, self.settings = name, tokenizer, settings
         self.model = llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                                     n_batch=512, draft_model=draft, verbose=False, logits_all=False)
+                                     n_batch=512, draft_model=draft, verbose=False,
+                                     logits_all=draft is not None)  # a draft's positions are all verified
 
     def generate(self, ids: Sequence[int], max_new_tokens: int | None = None) -> dict:
         from specdec.bench.runner import _record
@@ -102,7 +103,7 @@ def llamacpp_methods(llm, settings, gguf: str | None = None) -> list[LlamaCppMet
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     threads = torch.get_num_threads()
-    n_ctx = min(llm.model.cfg.max_position_embeddings, 8192)
+    n_ctx = min(llm.model.cfg.max_position_embeddings, 4096)  # with a draft, llama.cpp keeps n_ctx x V logits
     lookup = LlamaPromptLookupDecoding(num_pred_tokens=PROMPT_LOOKUP_TOKENS)
     return [LlamaCppMethod("llamacpp-plain", path, llm.tokenizer, settings, threads, n_ctx),
             LlamaCppMethod("llamacpp-prompt-lookup", path, llm.tokenizer, settings, threads, n_ctx, draft=lookup)]
