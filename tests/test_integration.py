@@ -48,37 +48,17 @@ def test_speculation_keeps_greedy_output_on_smollm2(smol, method):
         assert spec.target_forwards <= plain.target_forwards
 
 
-def test_batched_engine_keeps_greedy_output_on_smollm2(smol):
-    """Four requests share every forward (bf16 through the kernel, speculation always on, prompts prefilled
-    in shared chunks) and each produces exactly its single-request greedy output."""
+@pytest.mark.parametrize("dtype", ["bf16", "q4"])
+def test_batched_engine_keeps_greedy_output_on_smollm2(smol, dtype):
+    """Four requests share every forward (bf16 through the kernel, or q4's integer kernels; speculation always
+    on; prompts prefilled in shared steps) and each produces exactly its single-request greedy output: the
+    server cuts each prompt where decode() cuts it (`prefill_spans`), so its KV holds the same bits (a prompt
+    split across steps at other points gave a q4 request other tokens)."""
     from specdec.api import LLM
     from specdec.decode import Request
     from specdec.serving.engine import Engine, Job
 
-    llm = LLM(str(smol))
-    prompts = ["def add(a, b):\n    return a + b\n\nRewrite add with a docstring.", "Name three colours.",
-               "List the planets of the solar system in order.", "Tell me about cats. Cats are"]
-    ids = [llm.tokenizer.encode(p) for p in prompts]
-    refs = [llm.generate(i, max_new_tokens=24, method="prompt-lookup").token_ids for i in ids]
-    engine = Engine(llm.model, llm.tokenizer, budget=3, speculation="always", max_batch=4, prefill_chunk=48)
-    got = {n: [] for n in range(len(ids))}
-    for n, i in enumerate(ids):
-        engine.submit(Job(i, Request(max_new_tokens=24), method="prompt-lookup",
-                          on_event=lambda e, n=n: got[n].extend(e.tokens)))
-    while engine.busy:
-        engine.step()
-    assert [got[n] for n in range(len(ids))] == refs
-
-
-def test_batched_engine_prefill_pieces_keep_q4_greedy_output(smol):
-    """The server shares each step's prefill among new prompts; prompts are still cut where decode() cuts
-    them (`prefill_spans`), so with q4's row-exact kernels every request's tokens equal its own decode()'s
-    (prefill of the fourth prompt split across steps at other points gave other bits before)."""
-    from specdec.api import LLM
-    from specdec.decode import Request
-    from specdec.serving.engine import Engine, Job
-
-    llm = LLM(str(smol), dtype="q4")
+    llm = LLM(str(smol), dtype=dtype)
     prompts = ["def add(a, b):\n    return a + b\n\nRewrite add with a docstring.", "Name three colours.",
                "List the planets of the solar system in order.", "Tell me about cats. Cats are"]
     ids = [llm.tokenizer.encode(p) for p in prompts]
