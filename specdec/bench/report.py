@@ -124,12 +124,27 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+MATMUL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def cpu_flags() -> list[str]:
+    """The CPU features that decide which matmul paths run (and so every figure): AVX2, AVX512, VNNI, BF16, AMX."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in MATMUL_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
 def machine_info() -> dict:
     import torch
     import transformers
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return dict(cpu=cpu_model(), cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
+    return dict(cpu=cpu_model(), cpu_flags=cpu_flags(), cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
                 torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
                 platform=platform.platform(), load_avg=[round(x, 2) for x in load] if load else None)
 
@@ -185,7 +200,8 @@ def results_markdown(rows: Sequence[dict], meta: dict) -> str:
         "```",
         "",
         f"- date: {meta['date']}",
-        f"- machine: {m['cpu']}, {m['cpu_count']} CPUs, torch threads {m['torch_threads']}; "
+        f"- machine: {m['cpu']} ({' '.join(m.get('cpu_flags') or ['no AVX2'])}), {m['cpu_count']} CPUs, "
+        f"torch threads {m['torch_threads']}; "
         f"torch {m['torch']}, transformers {m['transformers']}, Python {m['python']}"
         + (f"; load average at the end {m['load_avg'][0]:.1f} / {m['load_avg'][1]:.1f} / {m['load_avg'][2]:.1f} "
            "(1 / 5 / 15 min)" if m.get("load_avg") else ""),
