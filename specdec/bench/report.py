@@ -5,7 +5,8 @@ Per method and category (and "all"):
 - x plain: our plain decoding's total seconds / this method's total seconds on the same prompts
   (the speedup; > 1 is faster); x plain (median): the median over prompt turns of the per-turn
   ratio (robust to one slow turn on a shared machine); x hf-plain: total time against
-  transformers' plain generate; x llama.cpp: against llama.cpp's plain decoding of the same GGUF;
+  transformers' plain generate; x llama.cpp: tokens/s against llama.cpp's plain decoding of the same GGUF
+  (tokens/s, not time: the engines' activations differ, so near-ties end their answers at other tokens);
 - accepted/fwd: new tokens / target forwards (mean accepted length, bonus included; 1.0 for plain);
 - alpha: accepted / drafted draft tokens;
 - greedy: "ok" when every generation's token ids equal plain's, else the count of mismatches.
@@ -49,6 +50,8 @@ def summarize(records: Sequence[dict], methods: Sequence[str] | None = None) -> 
     for cat in cats + ([ALL] if len(cats) > 1 else []):
         in_cat = [r for r in records if cat == ALL or r["category"] == cat]
         totals = {m: sum(r["seconds"] for r in in_cat if r["method"] == m) for m in methods}
+        rates = {m: sum(r["new_tokens"] for r in in_cat if r["method"] == m) / totals[m]
+                 for m in methods if totals[m] > 0}  # tokens/s: the fair ratio against another engine
         plain_s = {_key(r): r["seconds"] for r in in_cat if r["method"] == "plain"}
         for m in methods:
             rs = [r for r in in_cat if r["method"] == m]
@@ -68,8 +71,8 @@ def summarize(records: Sequence[dict], methods: Sequence[str] | None = None) -> 
                                                  if _key(r) in plain_s and r["seconds"] > 0]),
                 speedup_vs_hf_plain=(totals["hf-plain"] / seconds
                                      if "hf-plain" in totals and totals["hf-plain"] > 0 and seconds > 0 else None),
-                speedup_vs_llamacpp_plain=(totals["llamacpp-plain"] / seconds if totals.get("llamacpp-plain")
-                                           and seconds > 0 else None),
+                speedup_vs_llamacpp_plain=(tokens / seconds / rates["llamacpp-plain"]
+                                           if rates.get("llamacpp-plain") and seconds > 0 else None),
                 mean_accepted=tokens / sum(fwd) if all(f for f in fwd) else None,
                 acceptance_rate=(sum(r["accepted"] for r in rs) / sum(drafted)
                                  if all(d is not None for d in drafted) and sum(drafted) else None),
