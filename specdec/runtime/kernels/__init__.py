@@ -105,6 +105,23 @@ def build(path: Path, source: Path = SOURCE, cflags: list[str] = CFLAGS) -> None
             os.unlink(tmp)
 
 
+def open_library(source: Path, cflags: list[str], declare) -> ctypes.CDLL:
+    """The shared library built from `source` with `cflags` (compiled on first use, `build`), loaded, with its
+    functions' signatures set by `declare(lib)`, which may raise to refuse this CPU. Both kernels load so."""
+    path = library_path(source, cflags)
+    if not path.exists():
+        build(path, source, cflags)
+    lib = ctypes.CDLL(str(path))
+    declare(lib)
+    return lib
+
+
+def _declare(lib) -> None:
+    lib.skinny_bf16.restype = None
+    lib.skinny_bf16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+
+
 def _load():
     global _lib, _state, _reason
     if _state is not None:
@@ -115,15 +132,7 @@ def _load():
         try:
             if not cpu_supported():
                 raise RuntimeError(f"the CPU lacks one of {', '.join(CPU_FLAGS)}")
-            path = library_path()
-            if not path.exists():
-                build(path)
-            lib = ctypes.CDLL(str(path))
-            fn = lib.skinny_bf16
-            fn.restype = None
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                           ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
-            _lib, _state = lib, True
+            _lib, _state = open_library(SOURCE, CFLAGS, _declare), True
         except Exception as exc:  # no compiler, failed compile, unsupported CPU, unloadable library
             _lib, _state, _reason = None, False, str(exc)
             log.warning("specdec: the bf16 skinny-GEMM kernel is unavailable (%s); using torch's matmul", exc)

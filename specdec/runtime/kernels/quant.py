@@ -185,6 +185,15 @@ def isa() -> str:
     return "torch"
 
 
+def _declare(lib) -> None:
+    lib.qgemm.restype = ctypes.c_int
+    lib.qgemm.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+    lib.qgemm_supported.restype = ctypes.c_int
+    lib.qgemm_supported.argtypes = [ctypes.c_int]
+    if not lib.qgemm_supported(ISAS["avx2"]):
+        raise RuntimeError("the CPU lacks AVX2")
+
+
 def _load():
     global _lib, _state, _reason
     if _state is not None:
@@ -193,18 +202,7 @@ def _load():
         if _state is not None:
             return _lib
         try:
-            path = kernels.library_path(SOURCE, CFLAGS)
-            if not path.exists():
-                kernels.build(path, SOURCE, CFLAGS)
-            lib = ctypes.CDLL(str(path))
-            lib.qgemm.restype = ctypes.c_int
-            lib.qgemm.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 4 + [
-                ctypes.c_int]
-            lib.qgemm_supported.restype = ctypes.c_int
-            lib.qgemm_supported.argtypes = [ctypes.c_int]
-            if not lib.qgemm_supported(ISAS["avx2"]):
-                raise RuntimeError("the CPU lacks AVX2")
-            _lib, _state = lib, True
+            _lib, _state = kernels.open_library(SOURCE, CFLAGS, _declare), True
         except Exception as exc:  # no compiler, failed compile, unsupported CPU, unloadable library
             _lib, _state, _reason = None, False, str(exc)
             log.warning("specdec: the quantized-matmul kernel is unavailable (%s); using the torch path", exc)
