@@ -53,7 +53,11 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("skinny.c")
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
-CPU_FLAGS = ("avx2", "fma", "f16c")
+# The matmul paths for bf16 weights, best first: name -> (the ISA code skinny.c takes, the /proc/cpuinfo flags it needs)
+PATHS = {"avx512bf16": (2, ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")),
+         "avx2": (1, ("avx2", "fma", "f16c")),
+         "torch": (0, ())}
+CPU_FLAGS = PATHS["avx2"][1]
 
 _lock = threading.Lock()
 _lib = None           # the loaded ctypes library, once built
@@ -66,17 +70,38 @@ def enabled() -> bool:
     return os.environ.get("SPECDEC_KERNEL", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
-def cpu_supported() -> bool:
-    """True where /proc/cpuinfo lists AVX2, FMA and F16C."""
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where it cannot be read: ARM without them, macOS)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
+        return frozenset()
     for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            return all(f in flags for f in CPU_FLAGS)
-    return False
+        if line.startswith(("flags", "Features")):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_supported() -> bool:
+    """True where /proc/cpuinfo lists AVX2, FMA and F16C."""
+    return all(f in cpu_flags() for f in CPU_FLAGS)
+
+
+def choose_path(flags: frozenset[str] | set[str], forced: str = "") -> str:
+    """The matmul path for bf16 weights on a CPU with these flags: the first of PATHS whose flags it has, or
+    `forced` (SPECDEC_MATMUL) when it has that one's. Example: {"avx2", "fma", "f16c"} -> "avx2";
+    an ARM CPU -> "torch". Raises SpecdecError for an unknown or unsupported forced path."""
+    from specdec.errors import SpecdecError
+
+    if forced:
+        if forced not in PATHS:
+            raise SpecdecError(f"SPECDEC_MATMUL={forced}: unknown matmul path; choose one of {', '.join(PATHS)}")
+        missing = [f for f in PATHS[forced][1] if f not in flags]
+        if missing:
+            raise SpecdecError(f"SPECDEC_MATMUL={forced}: this CPU lacks {', '.join(missing)}; "
+                               f"choose one of {', '.join(p for p in PATHS if all(f in flags for f in PATHS[p][1]))}")
+        return forced
+    return next(p for p, (_, need) in PATHS.items() if all(f in flags for f in need))
 
 
 def library_path(source: Path = SOURCE, cflags: list[str] = CFLAGS) -> Path:
@@ -117,9 +142,11 @@ def open_library(source: Path, cflags: list[str], declare) -> ctypes.CDLL:
 
 
 def _declare(lib) -> None:
-    lib.skinny_bf16.restype = None
-    lib.skinny_bf16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+    lib.skinny_bf16.restype = ctypes.c_int
+    lib.skinny_bf16.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                 ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+    lib.skinny_supported.restype = ctypes.c_int
+    lib.skinny_supported.argtypes = [ctypes.c_int]
 
 
 def _load():
@@ -139,9 +166,22 @@ def _load():
         return _lib
 
 
+def matmul_path() -> str:
+    """The path bf16 weights run on here: "avx512bf16" or "avx2" (skinny.c) or "torch". The best the CPU's flags
+    allow (`choose_path`), or the one SPECDEC_MATMUL forces; "torch" when SPECDEC_KERNEL=0 or the library
+    cannot be built. A model keeps the path it was loaded with (`Linear.path`) for every forward."""
+    forced = os.environ.get("SPECDEC_MATMUL", "").strip().lower()
+    path = choose_path(cpu_flags(), forced)
+    if path == "torch" or not enabled() or _load() is None:
+        return "torch"
+    if not _lib.skinny_supported(PATHS[path][0]):  # /proc/cpuinfo lists what the CPU itself does not run
+        return "avx2" if path != "avx2" and _lib.skinny_supported(PATHS["avx2"][0]) else "torch"
+    return path
+
+
 def available() -> bool:
-    """True when the kernel is enabled and built (compiling it on first call); never raises."""
-    return enabled() and _load() is not None
+    """True when bf16 weights run through the kernel (a path other than torch; compiling it on first call)."""
+    return matmul_path() != "torch"
 
 
 def reason() -> str:
@@ -152,15 +192,14 @@ def reason() -> str:
 
 
 def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                threads: int | None = None) -> torch.Tensor:
-    """y = x @ weight^T + bias with x fp32 [..., in], weight bf16 [out, in], bias fp32 [out] or None.
-
-    Runs the kernel when available, else torch (weight widened to fp32: same values, other sum order)."""
+                threads: int | None = None, path: str | None = None) -> torch.Tensor:
+    """y = x @ weight^T + bias with x fp32 [..., in], weight bf16 [out, in], bias fp32 [out] or None, on `path`
+    (default `matmul_path()`). On "torch": weight widened to fp32 (same values, other sum order)."""
     out_f, in_f = weight.shape
     if x.shape[-1] != in_f:
         raise ValueError(f"linear_bf16: x has {x.shape[-1]} features, weight expects {in_f}")
-    lib = _lib if _state else _load()
-    if lib is None or x.dtype != torch.float32 or weight.dtype != torch.bfloat16 or not enabled():
+    path = path or matmul_path()
+    if path == "torch" or x.dtype != torch.float32 or weight.dtype != torch.bfloat16 or _load() is None:
         return F.linear(x.float(), weight.float(), None if bias is None else bias.float())
     if not x.is_contiguous():
         x = x.contiguous()
@@ -172,8 +211,10 @@ def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         b = None
         if bias is not None:
             b = (bias if bias.dtype == torch.float32 else bias.float()).contiguous().data_ptr()
-        lib.skinny_bf16(x.data_ptr(), weight.data_ptr(), b, y.data_ptr(), n, in_f, out_f,
-                        threads or torch.get_num_threads())
+        rc = _lib.skinny_bf16(PATHS[path][0], x.data_ptr(), weight.data_ptr(), b, y.data_ptr(), n, in_f, out_f,
+                              threads or torch.get_num_threads())
+        if rc:
+            raise MemoryError("skinny_bf16: out of memory") if rc == 2 else RuntimeError(f"skinny_bf16: no {path} here")
     elif y.numel():
         y.copy_(bias.float().expand_as(y) if bias is not None else torch.zeros_like(y))
     return y

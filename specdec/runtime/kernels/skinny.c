@@ -1,13 +1,15 @@
 /* Skinny GEMM with bf16 weights: y[n, out] = x[n, in] . W[out, in]^T (+ bias), fp32 in and out.
+ * Two instruction sets, chosen per call (`skinny_bf16(isa, ...)`; kernels/__init__.py picks one per model):
+ * AVX2 + FMA (below) and AVX512-BF16 (further down, its own comment). Each keeps its own fixed order.
  *
- * W is stored in bf16 (2 bytes per weight, half of fp32). Sixteen weights at a time are loaded in one
+ * AVX2: W is stored in bf16 (2 bytes per weight, half of fp32). Sixteen weights at a time are loaded in one
  * 256-bit load and widened to fp32 in registers without a shuffle: a bf16 is the top half of an fp32,
  * so the even-indexed weights (the low half of each 32-bit word) are `word << 16` and the odd-indexed
  * ones are `word & 0xffff0000`. x is copied once per call into the matching order (per block of 16
  * inputs: the 8 even ones, then the 8 odd ones), so the FMAs line up.
  *
  * Built for small n (a decode step, a speculative verify over a few positions). The output dimension
- * is cut into groups of GROUP outputs, BLOCK groups per unit of work handed out to the threads; each
+ * is cut into groups of GROUP outputs, 4 groups per unit of work (UNIT) handed out to the threads; each
  * block of W is streamed from memory once for up to CHUNK rows of x (larger n: CHUNK rows at a time).
  * Within a group a register tile covers O outputs x R rows, R <= ROWS = 3 rows per pass (O = 8, 4, 3
  * for R = 1, 2, 3: 8 or 9 independent accumulators, enough to hide the FMA latency), and on the first
@@ -38,7 +40,6 @@
 #endif
 
 #define GROUP 24  /* outputs per group: a multiple of every tile width below */
-#define BLOCK 4   /* groups per unit of work handed to a thread */
 #define ROWS 3    /* rows of x per pass over a group: 3x3 tiles measured fastest (2x4: 25% slower) */
 #define CHUNK 15  /* rows of x per pass over the groups of a block (a multiple of ROWS) */
 #define MIN_WORK (1 << 17) /* weights per thread, at least */
@@ -164,38 +165,163 @@ static void permute_x(const float *x, float *xp, int64_t n, int64_t in) {
     }
 }
 
-/* x [n, in] fp32, W [out, in] bf16 (raw uint16), bias [out] fp32 or NULL, y [n, out] fp32; all
- * contiguous. The output dimension is cut into blocks of BLOCK groups of GROUP outputs, handed out
- * to `threads` threads dynamically: on a loaded machine a descheduled thread then holds up one
- * block, not half of the matrix. Which thread computes an output never changes its value. */
-void skinny_bf16(const float *x, const uint16_t *W, const float *bias, float *y, int64_t n, int64_t in,
-                 int64_t out, int threads) {
-    float *xp = malloc((size_t)(n * in) * sizeof(float) + 64);
-    if (!xp) { /* out of memory for the reordered x: fewer rows at a time (the same values) */
-        if (n == 1) abort();
-        int64_t step = n > CHUNK ? CHUNK : 1;
-        for (int64_t i0 = 0; i0 < n; i0 += step)
-            skinny_bf16(x + i0 * in, W, bias, y + i0 * out, n - i0 < step ? n - i0 : step, in, out, threads);
-        return;
+/* ---- AVX512-BF16: vdpbf16ps on bf16 x and bf16 W as stored ---------------------------------------
+ * x is rounded to bf16 per element (round to nearest even, `vcvtneps2bf16`: a row's bf16 values depend
+ * only on that row). W needs no reordering: a 64-byte load of one weight row holds 32 consecutive
+ * inputs, and `vdpbf16ps` adds lane j's two products (inputs 2j, 2j + 1) to lane j of an fp32
+ * accumulator. A register tile covers O outputs x R rows (R <= ROWS512 = 4 rows per pass; O = 24, 12,
+ * 8, 6 for R = 1, 2, 3, 4: 24 accumulators, enough to hide the instruction's latency). Each tile of O
+ * weight rows is streamed once per CHUNK512 rows of x: the first pass prefetches the next tile, later
+ * passes find the tile in cache. Order per y[i, o], whatever n, row, tile or thread:
+ *   acc (16 lanes) = 0;
+ *   for each block of 32 inputs k .. k+31, in order (the last one zero-padded by masked loads):
+ *     acc = vdpbf16ps(acc, w[k .. k+31], bf16(x[k .. k+31]));
+ *   s = hsum16(acc) in a fixed tree; y = s + bias (when there is a bias).                          */
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define ROWS512 4
+#define CHUNK512 16
+
+T512 static inline float hsum16(__m512 v) {
+    __m256 lo = _mm512_castps512_ps256(v), hi = _mm512_extractf32x8_ps(v, 1);
+    return hsum(_mm256_add_ps(lo, hi));
+}
+
+T512 static inline __attribute__((always_inline)) void tile512(const uint16_t *restrict W,
+                                                               const uint16_t *restrict x, float *restrict y,
+                                                               const float *restrict bias, int64_t in,
+                                                               int64_t ldy, const int O, const int R,
+                                                               const int pf) {
+    __m512 acc[24][ROWS512];
+    for (int a = 0; a < O; a++)
+        for (int r = 0; r < R; r++) acc[a][r] = _mm512_setzero_ps();
+    const int64_t k32 = in & ~(int64_t)31;
+    for (int64_t k = 0; k < k32; k += 32) {
+        __m512bh xv[ROWS512];
+        for (int r = 0; r < R; r++) xv[r] = (__m512bh)_mm512_loadu_si512((const void *)(x + r * in + k));
+        for (int a = 0; a < O; a++) {
+            if (pf) _mm_prefetch((const char *)(W + (O + a) * in + k), _MM_HINT_T0);
+            __m512bh w = (__m512bh)_mm512_loadu_si512((const void *)(W + a * in + k));
+            for (int r = 0; r < R; r++) acc[a][r] = _mm512_dpbf16_ps(acc[a][r], w, xv[r]);
+        }
     }
-    permute_x(x, xp, n, in);
-    int64_t groups = (out + GROUP - 1) / GROUP;
-    int64_t blocks = (groups + BLOCK - 1) / BLOCK;
+    if (k32 < in) {
+        const __mmask32 m = (__mmask32)((1ull << (in - k32)) - 1);
+        __m512bh xv[ROWS512];
+        for (int r = 0; r < R; r++) xv[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, x + r * in + k32);
+        for (int a = 0; a < O; a++) {
+            __m512bh w = (__m512bh)_mm512_maskz_loadu_epi16(m, W + a * in + k32);
+            for (int r = 0; r < R; r++) acc[a][r] = _mm512_dpbf16_ps(acc[a][r], w, xv[r]);
+        }
+    }
+    for (int a = 0; a < O; a++)
+        for (int r = 0; r < R; r++) {
+            float s = hsum16(acc[a][r]);
+            if (bias) s = s + bias[a];
+            y[r * ldy + a] = s;
+        }
+}
+
+/* One tile call with O and R as compile-time constants (every shape the driver below uses). */
+T512 static void tile512_call(int O, int R, int pf, const uint16_t *W, const uint16_t *x, float *y,
+                              const float *bias, int64_t in, int64_t ldy) {
+#define T(o, r)                                                                                        \
+    if (O == o && R == r) {                                                                           \
+        if (pf) tile512(W, x, y, bias, in, ldy, o, r, 1);                                             \
+        else tile512(W, x, y, bias, in, ldy, o, r, 0);                                                \
+        return;                                                                                       \
+    }
+    T(24, 1) T(12, 2) T(8, 3) T(6, 4) T(6, 3) T(6, 2) T(6, 1) T(1, 1) T(1, 2) T(1, 3) T(1, 4)
+#undef T
+    abort(); /* a shape the driver never asks for */
+}
+
+/* Outputs [o0, o1) for all n rows (bf16 x), CHUNK512 rows per pass over the outputs' weights. */
+T512 static void run_block512(const uint16_t *W, const uint16_t *x, float *y, const float *bias, int64_t n,
+                              int64_t in, int64_t out, int64_t o0, int64_t o1) {
+    static const int width[ROWS512 + 1] = {0, 24, 12, 8, 6};
+    for (int64_t i0 = 0; i0 < n; i0 += CHUNK512) {
+        int64_t m = n - i0 < CHUNK512 ? n - i0 : CHUNK512;
+        int O = width[m < ROWS512 ? m : ROWS512];
+        for (int64_t o = o0; o < o1; o += O) {
+            int full = o + O <= o1;
+            for (int64_t i = i0; i < i0 + m; i += ROWS512) {
+                int R = (int)(i0 + m - i < ROWS512 ? i0 + m - i : ROWS512);
+                const uint16_t *xr = x + i * in;
+                float *yr = y + i * out;
+                if (full) {
+                    tile512_call(O, R, i == i0 && o + 2 * O <= out, W + o * in, xr, yr + o, bias ? bias + o : 0, in, out);
+                } else {
+                    for (int64_t e = o; e < o1; e++)
+                        tile512_call(1, R, 0, W + e * in, xr, yr + e, bias ? bias + e : 0, in, out);
+                }
+            }
+        }
+    }
+}
+
+/* x [n, in] fp32 -> bf16, round to nearest even per element. */
+T512 static void round_x(const float *x, uint16_t *xb, int64_t count) {
+    int64_t k = 0;
+    for (; k + 16 <= count; k += 16)
+        _mm256_storeu_si256((__m256i *)(xb + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + k)));
+    if (k < count) {
+        __mmask16 m = (__mmask16)((1u << (count - k)) - 1);
+        _mm256_mask_storeu_epi16(xb + k, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + k)));
+    }
+}
+
+/* ---- The entry point ------------------------------------------------------------------------------ */
+enum { ISA_AVX2 = 1, ISA_AVX512BF16 = 2 };
+#define UNIT (4 * GROUP) /* outputs per unit of work handed to a thread (a multiple of every tile width) */
+
+int skinny_supported(int isa) {
+    __builtin_cpu_init();
+    if (isa == ISA_AVX2)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (isa == ISA_AVX512BF16)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("avx512bf16");
+    return 0;
+}
+
+static void run_unit(int isa, const void *xp, const uint16_t *W, const float *bias, float *y, int64_t n, int64_t in,
+                     int64_t out, int64_t o0, int64_t o1) {
+    if (isa == ISA_AVX512BF16)
+        run_block512(W, (const uint16_t *)xp, y, bias, n, in, out, o0, o1);
+    else
+        run_block(W, (const float *)xp, y, bias, n, in, out, o0 / GROUP, (o1 + GROUP - 1) / GROUP);
+}
+
+/* x [n, in] fp32, W [out, in] bf16 (raw uint16), bias [out] fp32 or NULL, y [n, out] fp32; all
+ * contiguous; isa ISA_AVX2 or ISA_AVX512BF16. The outputs are cut into units of UNIT, handed out to
+ * `threads` threads dynamically: on a loaded machine a descheduled thread then holds up one unit, not
+ * half of the matrix. Which thread computes an output never changes its value.
+ * Returns 0, 1 for an ISA this CPU lacks, 2 when out of memory. */
+int skinny_bf16(int isa, const float *x, const uint16_t *W, const float *bias, float *y, int64_t n, int64_t in,
+                int64_t out, int threads) {
+    if (!skinny_supported(isa)) return 1;
+    size_t size = (size_t)(n * in) * (isa == ISA_AVX512BF16 ? sizeof(uint16_t) : sizeof(float));
+    void *xp = malloc(size + 64);
+    if (!xp) return 2;
+    if (isa == ISA_AVX512BF16)
+        round_x(x, (uint16_t *)xp, n * in);
+    else
+        permute_x(x, (float *)xp, n, in);
+    int64_t units = (out + UNIT - 1) / UNIT;
     int64_t most = in * out / MIN_WORK; /* a tiny matrix is not worth waking a second thread */
     if (threads > most) threads = (int)most;
-    if (threads > blocks) threads = (int)blocks;
+    if (threads > units) threads = (int)units;
     if (threads < 1) threads = 1;
     if (threads <= 1) {
-        run_block(W, xp, y, bias, n, in, out, 0, groups);
+        run_unit(isa, xp, W, bias, y, n, in, out, 0, out);
     } else {
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-        for (int64_t b = 0; b < blocks; b++) {
-            int64_t g1 = (b + 1) * BLOCK < groups ? (b + 1) * BLOCK : groups;
-            run_block(W, xp, y, bias, n, in, out, b * BLOCK, g1);
+        for (int64_t u = 0; u < units; u++) {
+            int64_t o1 = (u + 1) * UNIT < out ? (u + 1) * UNIT : out;
+            run_unit(isa, xp, W, bias, y, n, in, out, u * UNIT, o1);
         }
     }
     free(xp);
+    return 0;
 }
-
-/* For the loader's self-check: the ABI version of this file. */
-int skinny_version(void) { return 1; }
