@@ -11,19 +11,23 @@ from specdec.drafters.base import Context
 from specdec.drafters.early_exit import EarlyExit
 from specdec.drafters.lookahead import trie, window_layout
 from specdec.runtime import kernels
-from specdec.runtime.loader import load_transformer
+from specdec.runtime.loader import load_transformer, matmul_path
 from specdec.sampling import SamplingParams
 from tests.tiny import VOCAB, save_tiny
-
-pytestmark = pytest.mark.skipif(not kernels.available(), reason="the bf16 kernel is unavailable")
 
 CONTEXT = 40
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    model = load_transformer(save_tiny("qwen2", tmp_path_factory.mktemp("bf16")), torch.bfloat16)
-    assert model.row_exact
+@pytest.fixture(scope="module", params=[p for p in kernels.PATHS if p != "torch"])
+def model(tmp_path_factory, request):
+    """The tiny model in bf16 on each of the kernel's paths (one the CPU lacks skips with the reason)."""
+    why = kernels.unavailable(request.param)
+    if why:
+        pytest.skip(f"{request.param}: {why}")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDEC_MATMUL", request.param)
+        model = load_transformer(save_tiny("qwen2", tmp_path_factory.mktemp("bf16")), torch.bfloat16)
+    assert model.row_exact and matmul_path(model) == request.param
     return model
 
 

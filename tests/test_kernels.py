@@ -11,13 +11,25 @@ from specdec.decode import Request, decode
 from specdec.drafters.draft_model import DraftModel
 from specdec.drafters.prompt_lookup import PromptLookup
 from specdec.runtime import kernels
-from specdec.runtime.loader import cpu_has_bf16_matmul, load_transformer, resolve_dtype
+from specdec.errors import SpecdecError
+from specdec.runtime.loader import cpu_has_bf16_matmul, load_transformer, matmul_path, resolve_dtype
+from specdec.runtime.model import Linear
 from specdec.tokenizer import Tokenizer
 from tests.tiny import VOCAB, save_tiny
 
 needs_kernel = pytest.mark.skipif(not kernels.available(), reason=f"kernel unavailable: {kernels.reason()}")
 
 SHAPES = [(1, 1), (7, 5), (13, 8), (77, 45), (64, 64), (100, 129), (257, 576), (1000, 17), (33, 1536)]
+ZEN5 = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni"}
+
+
+@pytest.fixture(params=[p for p in kernels.PATHS if p != "torch"])
+def path(request):
+    """Each of the kernel's paths; one this machine cannot run skips with the reason."""
+    why = kernels.unavailable(request.param)
+    if why:
+        pytest.skip(f"{request.param}: {why}")
+    return request.param
 
 
 def case(out_f, in_f, n, seed=0, bias=True):
@@ -33,34 +45,74 @@ def reference(x, w, b):
     return y if b is None else y + b.double()
 
 
-@needs_kernel
+def as_multiplied(x, path):
+    """x as `path` multiplies it: AVX512-BF16 rounds each activation to bf16 (nearest even), AVX2 keeps fp32."""
+    return x.to(torch.bfloat16).float() if path == "avx512bf16" else x
+
+
 @pytest.mark.parametrize("out_f,in_f", SHAPES)
-def test_matches_float64_reference(out_f, in_f):
+def test_matches_float64_reference(out_f, in_f, path):
     for n in range(1, 21):
         for bias in (True, False):
             x, w, b = case(out_f, in_f, n, seed=n, bias=bias)
-            y = kernels.linear_bf16(x, w, b)
+            y = kernels.linear_bf16(x, w, b, path=path)
             assert y.shape == (n, out_f) and y.dtype == torch.float32
-            ref = reference(x, w, b)
-            # fp32 accumulation of in_f products of magnitude ~|x||w|
-            tol = 1e-5 * (1 + (x.double().abs() @ w.double().abs().t()).max().item())
-            assert (y.double() - ref).abs().max().item() <= tol, (out_f, in_f, n, bias)
+            scale = 1 + (x.double().abs() @ w.double().abs().t()).max().item()
+            # fp32 accumulation of in_f products of magnitude ~|x||w|, of x as the path rounds it
+            err = (y.double() - reference(as_multiplied(x, path), w, b)).abs().max().item()
+            assert err <= 1e-5 * scale, (out_f, in_f, n, bias)
+            # and close to the unrounded product (bf16 activations: a relative 2^-9 each)
+            assert (y.double() - reference(x, w, b)).abs().max().item() <= 2 ** -8 * scale
 
 
-@needs_kernel
 @pytest.mark.parametrize("out_f,in_f", SHAPES)
-def test_order_invariant_bit_exact(out_f, in_f):
-    """y[i] over n rows == the single-row call on row i, whatever n, row order and thread count."""
-    x, w, b = case(out_f, in_f, 20)
-    singles = torch.cat([kernels.linear_bf16(x[i:i + 1], w, b, threads=1) for i in range(20)])
-    for n in range(1, 21):
+def test_order_invariant_bit_exact(out_f, in_f, path):
+    """y[i] over n rows == the single-row call on row i, whatever n (past the 15- and 16-row chunks), row
+    order and thread count."""
+    x, w, b = case(out_f, in_f, 40)
+    singles = torch.cat([kernels.linear_bf16(x[i:i + 1], w, b, threads=1, path=path) for i in range(40)])
+    for n in [*range(1, 21), 31, 32, 33, 40]:
         for threads in (1, 2, 3):
-            assert torch.equal(kernels.linear_bf16(x[:n], w, b, threads=threads), singles[:n]), (n, threads)
-    perm = torch.randperm(20, generator=torch.Generator().manual_seed(3))
-    assert torch.equal(kernels.linear_bf16(x[perm], w, b), singles[perm])
-    # a large n goes through the kernel 16 rows at a time: still bit-identical
-    xs = x.repeat(3, 1)
-    assert torch.equal(kernels.linear_bf16(xs, w, b), singles.repeat(3, 1))
+            assert torch.equal(kernels.linear_bf16(x[:n], w, b, threads=threads, path=path), singles[:n]), (n, threads)
+    perm = torch.randperm(40, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(kernels.linear_bf16(x[perm], w, b, path=path), singles[perm])
+    xs = x.repeat(3, 1)  # a large n goes through the kernel 15 or 16 rows at a time: still bit-identical
+    assert torch.equal(kernels.linear_bf16(xs, w, b, path=path), singles.repeat(3, 1))
+    assert torch.equal(kernels.linear_bf16(x[:5], w, None, path=path),
+                       torch.cat([kernels.linear_bf16(x[i:i + 1], w, None, path=path) for i in range(5)]))
+
+
+@pytest.mark.parametrize("flags, want", [
+    (ZEN5, "avx512bf16"),                                   # Zen 4 / 5, Sapphire Rapids
+    (ZEN5 - {"avx512_bf16"}, "avx2"),                       # Skylake-X, Ice Lake: AVX512 without BF16
+    ({"avx2", "fma", "f16c"}, "avx2"),                      # Zen 2 / 3, Haswell on
+    ({"avx2", "f16c"}, "torch"),                            # no FMA
+    ({"fp", "asimd", "bf16"}, "torch"),                     # ARM
+    (set(), "torch"),                                       # no /proc/cpuinfo
+])
+def test_path_choice_from_cpu_flags(flags, want):
+    assert kernels.choose_path(frozenset(flags)) == want
+
+
+def test_forced_path(monkeypatch):
+    assert kernels.choose_path(ZEN5, "avx2") == "avx2" and kernels.choose_path(ZEN5, "torch") == "torch"
+    with pytest.raises(SpecdecError, match="lacks avx512_bf16; choose one of avx2, torch"):
+        kernels.choose_path(ZEN5 - {"avx512_bf16"}, "avx512bf16")
+    with pytest.raises(SpecdecError, match="unknown matmul path"):
+        kernels.choose_path(ZEN5, "amx")
+    monkeypatch.setenv("SPECDEC_MATMUL", "torch")
+    assert kernels.matmul_path() == "torch" and not kernels.available()
+
+
+def test_a_model_keeps_the_path_it_was_loaded_with(monkeypatch, tiny_folder, path):
+    monkeypatch.setenv("SPECDEC_MATMUL", path)
+    model = load_transformer(tiny_folder, torch.bfloat16)
+    assert matmul_path(model) == path and model.row_exact
+    assert {m.path for m in model.modules() if isinstance(m, Linear)} == {path}
+    monkeypatch.setenv("SPECDEC_MATMUL", "torch")  # later loads change, this model does not
+    assert matmul_path(model) == path
+    torch_model = load_transformer(tiny_folder, torch.bfloat16)
+    assert matmul_path(torch_model) == "torch" and not torch_model.row_exact
 
 
 @needs_kernel
@@ -117,13 +169,14 @@ def test_build_is_cached_and_atomic(monkeypatch, tmp_path):
     assert path.parent == tmp_path / "kernels" and path.exists()
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary files left behind
     x, w, b = case(33, 20, 4)
-    assert torch.allclose(kernels.linear_bf16(x, w, b), reference(x, w, b).float(), atol=1e-4)
+    want = reference(as_multiplied(x, kernels.matmul_path()), w, b).float()
+    assert torch.allclose(kernels.linear_bf16(x, w, b), want, atol=1e-4)
 
 
 # --- a tiny model in bf16 on the kernel ------------------------------------------------------------
 
-@needs_kernel
-def test_model_layout_and_whole_forward_bit_exact(tiny_folder):
+def test_model_layout_and_whole_forward_bit_exact(tiny_folder, path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_MATMUL", path)
     model = load_transformer(tiny_folder, torch.bfloat16)
     assert model.row_exact and model.dtype == torch.bfloat16 and model.compute_dtype == torch.float32
     for name, p in model.named_parameters():
@@ -141,14 +194,19 @@ def test_model_layout_and_whole_forward_bit_exact(tiny_folder):
     assert torch.equal(chain, singles)
 
 
-@pytest.fixture(scope="module")
-def bf16_env(tmp_path_factory):
-    if not kernels.available():
-        pytest.skip(f"kernel unavailable: {kernels.reason()}")
+@pytest.fixture(scope="module", params=[p for p in kernels.PATHS if p != "torch"])
+def bf16_env(tmp_path_factory, request):
+    why = kernels.unavailable(request.param)
+    if why:
+        pytest.skip(f"{request.param}: {why}")
     target_dir = save_tiny("llama", tmp_path_factory.mktemp("target"), seed=0)
     draft_dir = save_tiny("llama", tmp_path_factory.mktemp("draft"), seed=1)
-    return dict(target=load_transformer(target_dir, torch.bfloat16), tok=Tokenizer(target_dir),
-                draft=load_transformer(draft_dir, torch.bfloat16))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDEC_MATMUL", request.param)
+        env = dict(target=load_transformer(target_dir, torch.bfloat16), tok=Tokenizer(target_dir),
+                   draft=load_transformer(draft_dir, torch.bfloat16))
+    assert matmul_path(env["target"]) == request.param
+    return env
 
 
 PROMPTS = ["def add(a, b): return a + b. def add(a, b): return", "the cat sat on the mat. the cat", "xyz"]

@@ -132,14 +132,10 @@ MATMUL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf1
 
 def cpu_flags() -> list[str]:
     """The CPU features that decide which matmul paths run (and so every figure): AVX2, AVX512, VNNI, BF16, AMX."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                return [f for f in MATMUL_FLAGS if f in have]
-    except OSError:
-        pass
-    return []
+    from specdec.runtime.kernels import cpu_flags as flags
+
+    have = flags()
+    return [f for f in MATMUL_FLAGS if f in have]
 
 
 def machine_info() -> dict:
@@ -208,7 +204,7 @@ def results_markdown(rows: Sequence[dict], meta: dict) -> str:
         f"torch {m['torch']}, transformers {m['transformers']}, Python {m['python']}"
         + (f"; load average at the end {m['load_avg'][0]:.1f} / {m['load_avg'][1]:.1f} / {m['load_avg'][2]:.1f} "
            "(1 / 5 / 15 min)" if m.get("load_avg") else ""),
-        f"- dtype: {meta['dtype']}; prompts: {meta['prompts']} ({meta['n_prompts']} prompts, "
+        f"- dtype: {meta['dtype']}" + (f", matmul path {meta['matmul']}" if meta.get("matmul") else "") + "; prompts: {meta['prompts']} ({meta['n_prompts']} prompts, "
         f"{meta['n_turns']} turns, limit {s['limit'] or 'none'} per category)",
         f"- decoding: " + ("greedy" if greedy else f"temperature {s['temperature']}, top-p {s['top_p']}, "
                                                    f"seed {s['seed']}")

@@ -159,8 +159,10 @@ def run(args) -> int:
 
     records = runner.run_bench(llm, prompts, runners, settings, progress=args.progress, report=say)
     rows = report.summarize(records, [r.name for r in runners])
+    from specdec.runtime.loader import matmul_path
+
     meta = dict(command=command_line(args), date=report.now(), machine=report.machine_info(), model=args.model,
-                draft=args.draft, dtype=dtype, prompts=str(P.resolve_prompts(args.prompts)),
+                draft=args.draft, dtype=dtype, matmul=matmul_path(llm.model), prompts=str(P.resolve_prompts(args.prompts)),
                 n_prompts=len(prompts), n_turns=sum(len(p.turns) for p in prompts),
                 methods=[r.name for r in runners],
                 settings=dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,

@@ -2,8 +2,8 @@
 
 Hugging Face names map onto fused projections: q_proj|k_proj|v_proj -> qkv, gate_proj|up_proj -> gate_up.
 
-bf16 where the skinny-GEMM kernel is available (`specdec.runtime.kernels`: gcc, AVX2 + FMA, not disabled
-by SPECDEC_KERNEL=0): the matmul weights (qkv, o, gate_up, down, LM head) and the embedding table are
+bf16 where the skinny-GEMM kernel is available (`specdec.runtime.kernels`: gcc, AVX512-BF16 or AVX2 + FMA, not
+disabled by SPECDEC_KERNEL=0 or SPECDEC_MATMUL=torch): the matmul weights (qkv, o, gate_up, down, LM head) and the embedding table are
 kept in bf16 and everything else in fp32, so activations, attention and the KV cache run in fp32 and
 the matmuls read half the bytes. Without the kernel, bf16 means every tensor in bf16 (torch's matmul).
 
@@ -24,7 +24,7 @@ from specdec.errors import SpecdecError
 from specdec.runtime import kernels
 from specdec.runtime.kernels import quant
 from specdec.runtime.config import ModelConfig
-from specdec.runtime.model import QLinear, Transformer
+from specdec.runtime.model import Linear, QLinear, Transformer
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 QUANTIZED = quant.FORMATS  # "q8", "q4": quantized projections (`specdec.store.quantized`), passed as strings
@@ -33,11 +33,7 @@ CHOICES = ["auto", "fp32", "bf16", *QUANTIZED]  # what --dtype accepts
 
 def cpu_has_bf16_matmul() -> bool:
     """True where the CPU multiplies bf16 natively (AMX or AVX512-BF16); elsewhere bf16 is emulated and slow."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+    return bool({"amx_bf16", "avx512_bf16"} & kernels.cpu_flags())
 
 
 def gguf_is_q4(folder: str | Path | None) -> bool:
@@ -98,9 +94,12 @@ def _check_shapes(folder: Path, model: Transformer, state: dict[str, torch.Tenso
                                "intermediate_size, the head counts and vocab_size)")
 
 
-def uses_kernel(dtype: torch.dtype) -> bool:
-    """True when a model loaded in `dtype` runs its matmuls through the bf16 skinny-GEMM kernel."""
-    return dtype == torch.bfloat16 and kernels.available()
+def matmul_path(model: Transformer) -> str:
+    """The path a loaded model's matmuls take: "q4/vnni512"-style for quantized projections, the bf16 kernel's
+    ("avx512bf16", "avx2"), or "torch" (fp32, or bf16 in torch)."""
+    if model.quantized:
+        return f"{model.quantized}/{quant.isa()}"
+    return model.lm_head.path or "torch"
 
 
 def load_transformer(folder: str | Path, dtype: torch.dtype | str = torch.float32) -> Transformer:
@@ -109,7 +108,8 @@ def load_transformer(folder: str | Path, dtype: torch.dtype | str = torch.float3
         return _load_quantized(folder, dtype)
     cfg = ModelConfig.from_folder(folder)
     hf = _read_tensors(folder)
-    mixed = uses_kernel(dtype)          # bf16 matmul weights, fp32 everything else
+    path = kernels.matmul_path() if dtype == torch.bfloat16 else "torch"
+    mixed = path != "torch"             # bf16 matmul weights on the kernel, fp32 everything else
     other = torch.float32 if mixed else dtype
 
     def take(name: str, to: torch.dtype = other) -> torch.Tensor:
@@ -150,6 +150,9 @@ def load_transformer(folder: str | Path, dtype: torch.dtype | str = torch.float3
         model.lm_head.weight = model.embed.weight
     if mixed:
         model.embed.out_dtype = torch.float32
+        for m in model.modules():
+            if isinstance(m, Linear):
+                m.path = path  # one path for every forward of this model: decoding and verification agree
     return model.eval()
 
 

@@ -179,6 +179,16 @@ def matmul_path() -> str:
     return path
 
 
+def unavailable(path: str) -> str:
+    """Why the kernel's `path` ("avx512bf16", "avx2") cannot run here ("" when it can): what tests skip on."""
+    missing = [f for f in PATHS[path][1] if f not in cpu_flags()]
+    if missing:
+        return f"the CPU lacks {', '.join(missing)}"
+    if not enabled() or _load() is None:
+        return reason()
+    return "" if _lib.skinny_supported(PATHS[path][0]) else f"the CPU does not run {path}"
+
+
 def available() -> bool:
     """True when bf16 weights run through the kernel (a path other than torch; compiling it on first call)."""
     return matmul_path() != "torch"
