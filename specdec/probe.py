@@ -11,6 +11,12 @@ runs) and reports
 
 Example (illustrative): t(1) = 40 ms, t(8) = 43 ms, t(16) = 52 ms -> budget 8.
 
+It also times a prefill (prompt tokens per second, one `prefill_spans` chunk of `context` tokens) and
+records what chose the figures: the CPU's model name and matmul flags, the threads, and the matmul path
+the loaded model runs on (`loader.matmul_path`). `probe_paths` measures the same curve on every other
+path this CPU has for the model's dtype (bf16: "avx512bf16", "avx2", "torch"), so one run shows what
+each path allows; the runtime keeps the one path it chose for every forward (exactness needs it).
+
 A cached probe steers adaptive k and lookahead's configuration, so a stale one is not trusted
 (`problem`): it is measured again when the kernel's source or the CPU (model name, flags) changed
 since (`machine_key`), when the machine was busy (other processes used more than LOAD_LIMIT of the
@@ -30,6 +36,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -42,9 +49,13 @@ LOAD_LIMIT = 0.25  # share of the CPUs busy with other work above which a probe 
 ATTEMPTS = 3       # measurements `probe` makes before keeping an implausible curve
 
 
+FORCING = ("SPECDEC_KERNEL", "SPECDEC_MATMUL", "SPECDEC_QKERNEL")  # the variables that force a matmul path
+
+
 def machine_key() -> str:
-    """What a probe's timings depend on beyond the model: the kernels' sources and the CPU's model name
-    and flags (/proc/cpuinfo). A cached probe with another key is measured again."""
+    """What a probe's timings depend on beyond the model: the kernels' sources, the CPU's model name
+    and flags (/proc/cpuinfo), and the variables that force a matmul path (FORCING). A cached probe with
+    another key is measured again."""
     h = hashlib.sha256()
     folder = Path(kernels.__file__).parent
     for f in sorted(folder.iterdir()):
@@ -55,6 +66,8 @@ def machine_key() -> str:
     except OSError:
         cpu = ""
     h.update("".join(line for line in cpu.splitlines(True) if line.startswith(("model name", "flags"))).encode())
+    for var in FORCING:  # a path forced for a measurement is another machine as far as the curve goes
+        h.update(f"{var}={os.environ.get(var, '')};".encode())
     return h.hexdigest()[:16]
 
 
@@ -99,6 +112,11 @@ class ProbeResult:
     threads: int
     machine: str = field(default_factory=machine_key)  # `machine_key()` when measured
     load: float = 0.0            # share of the CPUs other processes kept busy while measuring (OtherLoad)
+    matmul: str = ""             # the matmul path the model ran on (`loader.matmul_path`)
+    prefill_tokens_per_s: float = 0.0  # one prompt chunk of `context` tokens, fed in one forward
+    cpu: str = ""                # the CPU's model name
+    cpu_flags: list[str] = field(default_factory=list)  # its flags that choose matmul paths
+    paths: dict[str, dict] = field(default_factory=dict)  # other paths (`probe_paths`): seconds, budget, prefill
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -108,6 +126,8 @@ class ProbeResult:
         d = dict(d)
         d["seconds"] = {int(k): v for k, v in d["seconds"].items()}
         d["relative"] = {int(k): v for k, v in d["relative"].items()}
+        for other in d.get("paths", {}).values():
+            other["seconds"] = {int(k): v for k, v in other["seconds"].items()}
         d.setdefault("machine", "")  # probes cached before the key existed: measured again
         return cls(**d)
 
@@ -170,10 +190,18 @@ def probe(model: Transformer, name: str = "", context: int = 256, sizes=SIZES, r
 
 def measure(model: Transformer, name: str = "", context: int = 256, sizes=SIZES, repeats: int = 5,
             tolerance: float = 0.10, progress=None) -> ProbeResult:
+    from specdec.bench.report import cpu_flags, cpu_model
+    from specdec.runtime.loader import matmul_path
+
     load = OtherLoad()
     cache = model.new_cache(context + max(sizes))
     gen = torch.Generator().manual_seed(0)
-    model(torch.randint(0, model.cfg.vocab_size, (1, context), generator=gen), cache)
+    prompt = torch.randint(0, model.cfg.vocab_size, (1, context), generator=gen)
+    model(prompt, cache, last_only=True)  # warms up; the second prefill is timed
+    cache.rewind(context)
+    t0 = time.perf_counter()
+    model(prompt, cache, last_only=True)
+    prefill = context / (time.perf_counter() - t0)
     seconds = {}
     for n in sizes:
         tokens = torch.randint(0, model.cfg.vocab_size, (1, n), generator=gen)
@@ -195,7 +223,48 @@ def measure(model: Transformer, name: str = "", context: int = 256, sizes=SIZES,
     return ProbeResult(model=name, dtype=str(model.dtype).replace("torch.", ""), context=context, seconds=seconds,
                        relative=relative, budget=budget, weight_bytes=wbytes, bandwidth_gbs=bw,
                        bound_seconds=wbytes / (bw * 1e9), threads=torch.get_num_threads(),
-                       load=load.share())
+                       load=load.share(), matmul=matmul_path(model), prefill_tokens_per_s=prefill,
+                       cpu=cpu_model(), cpu_flags=cpu_flags())
+
+
+def other_paths(model: Transformer) -> list[str]:
+    """The matmul paths other than the model's own that `probe_paths` measures: for a bf16 model, the kernel's
+    ISAs this CPU runs and torch; none for other dtypes."""
+    from specdec.runtime import kernels
+    from specdec.runtime.loader import matmul_path
+
+    mine = matmul_path(model)
+    if model.dtype != torch.bfloat16:
+        return []
+    return [p for p in kernels.PATHS if p != mine and (p == "torch" or not kernels.unavailable(p))]
+
+
+def probe_paths(model: Transformer, folder, name: str = "", repeats: int = 5, progress=None) -> dict[str, dict]:
+    """The curve (seconds per n, budget, prefill tokens/s) on every other matmul path this CPU has for a bf16
+    model: the kernel's other ISA on the same weights (switched in place, then back), torch on a copy loaded
+    in plain bf16. {} for other dtypes. Example on a Zen 5: a model on "avx512bf16" gets "avx2" and "torch"."""
+    from specdec.runtime.loader import load_transformer, matmul_path
+    from specdec.runtime.model import Linear
+
+    mine, curves = matmul_path(model), {}
+    for path in other_paths(model):
+        if path == "torch":
+            with mock.patch.dict(os.environ, SPECDEC_MATMUL="torch"):
+                other = load_transformer(folder, torch.bfloat16)
+            r = probe(other, name, repeats=repeats, progress=progress)
+            del other
+        else:
+            linears = [m for m in model.modules() if isinstance(m, Linear)]
+            for m in linears:
+                m.path = path
+            try:
+                r = probe(model, name, repeats=repeats, progress=progress)
+            finally:
+                for m in linears:
+                    m.path = mine
+        curves[path] = dict(seconds=r.seconds, budget=r.budget, prefill_tokens_per_s=r.prefill_tokens_per_s,
+                            load=r.load)
+    return curves
 
 
 def save(result: ProbeResult) -> Path:

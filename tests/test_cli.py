@@ -69,6 +69,21 @@ def test_probe_json(folder, capsys, tmp_path, monkeypatch):
     assert set(out["seconds"]) == {str(n) for n in SIZES}
     assert out["budget"] >= 1 and out["relative"]["1"] == 1.0 and out["bound_seconds"] > 0
     assert list(tmp_path.glob("probe/*.json"))  # cached for adaptive k
+    assert out["prefill_tokens_per_s"] > 0 and out["matmul"] and out["threads"] >= 1 and out["cpu"]
+
+
+def test_probe_measures_every_bf16_path(folder, capsys, tmp_path, monkeypatch):
+    """bf16: the curve, budget and prefill of the runtime's path and of every other one this CPU has."""
+    from specdec.runtime import kernels
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    assert main(["probe", "--model", folder, "--dtype", "bf16", "--repeats", "1"]) == 0
+    text = capsys.readouterr().out
+    used = kernels.matmul_path()
+    assert f"matmul path {used} (the runtime's)" in text and f"{used}: budget" in text and "(used)" in text
+    have = [p for p in kernels.PATHS if p == "torch" or not kernels.unavailable(p)]
+    for p in have:
+        assert f"{p}: budget" in text and "prefill" in text, p
 
 
 # --- input checked before the model loads (issue 15) ----------------------------------------------

@@ -86,6 +86,9 @@ def test_another_kernel_or_cpu_or_an_old_file_is_measured_again(tmp_path, monkey
     assert machine_key() == before
     (copy / "skinny.c").write_text((copy / "skinny.c").read_text() + "\n/* v3 */\n")
     assert machine_key() != before
+    changed = machine_key()
+    monkeypatch.setenv("SPECDEC_MATMUL", "avx2")  # a forced path: another curve
+    assert machine_key() != changed
 
 
 def test_probe_records_the_load_and_retries_an_implausible_curve(tiny_folder, monkeypatch):

@@ -12,12 +12,17 @@ def register(sub) -> None:
     p = sub.add_parser("probe", help="measure the verification budget: forward time against positions per pass",
                        description="After a 256-token context, time one forward over n = 1, 2, 4, ..., 64 new "
                                    "positions (median of several runs); report the curve, the budget (largest n "
-                                   "within 10%% of n = 1) and the step time against the memory-bandwidth bound. "
+                                   "within 10%% of n = 1), the step time against the memory-bandwidth bound and "
+                                   "prefill tokens/s, for the matmul path the runtime uses and (bf16) every other "
+                                   "one the CPU has (SPECDEC_MATMUL=avx512bf16|avx2|torch forces the runtime's). "
                                    "The result is cached per model and dtype for adaptive k and the scheduler, and "
                                    "measured again when the kernel or CPU changes, when it was taken under load, "
                                    "or when its curve is implausible.")
     add_model_args(p)
     p.add_argument("--repeats", type=int, default=5, help="timed runs per size (median; default 5)")
+    p.add_argument("--paths", choices=["all", "used"], default="all",
+                   help="bf16: also measure every other matmul path this CPU has (all, the default: the kernel's "
+                        "AVX512-BF16 and AVX2 paths, torch) or only the one the runtime uses (used)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run)
 
@@ -25,7 +30,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from tqdm import tqdm
 
-    from specdec.probe import SIZES, probe, save
+    from specdec.probe import SIZES, other_paths, probe, probe_paths, save
     from specdec.runtime.loader import load_transformer, resolve_dtype
     from specdec.store import resolve
 
@@ -33,8 +38,12 @@ def run(args) -> int:
         raise ValueError("--repeats must be at least 1")
     folder = resolve(args.model, pull=True)
     model = load_transformer(folder, resolve_dtype(args.dtype, folder))
-    with tqdm(total=len(SIZES), desc="probe", unit="size", file=sys.stderr, disable=args.json) as bar:
+    others = other_paths(model) if args.paths == "all" else []
+    with tqdm(total=len(SIZES) * (1 + len(others)), desc="probe", unit="size", file=sys.stderr, disable=args.json) as bar:
         result = probe(model, args.model, repeats=args.repeats, progress=lambda n: bar.update(1))
+        if others:
+            result.paths = probe_paths(model, folder, args.model, repeats=args.repeats,
+                                       progress=lambda n: bar.update(1))
     path = save(result)
     problem = result.problem()
     if problem:
@@ -44,10 +53,16 @@ def run(args) -> int:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
     print(f"model {args.model}, {result.dtype}, {result.threads} threads, context {result.context}")
-    print(f"{'n':>4} {'ms':>9} {'x t(1)':>7}")
-    for n, s in result.seconds.items():
-        print(f"{n:>4} {s * 1e3:>9.2f} {result.relative[n]:>7.2f}")
-    print(f"budget: {result.budget} positions per forward within 10% of one")
+    print(f"cpu {result.cpu} ({' '.join(result.cpu_flags) or 'no AVX2'}); matmul path {result.matmul} (the runtime's)")
+    curves = {result.matmul: dict(seconds=result.seconds, budget=result.budget,
+                                  prefill_tokens_per_s=result.prefill_tokens_per_s), **result.paths}
+    print(f"{'n':>4} " + " ".join(f"{p + ' ms':>16} {'x t(1)':>7}" for p in curves))
+    for n in result.seconds:
+        print(f"{n:>4} " + " ".join(f"{c['seconds'][n] * 1e3:>16.2f} {c['seconds'][n] / c['seconds'][1]:>7.2f}"
+                                    for c in curves.values()))
+    for p, c in curves.items():
+        print(f"{p}: budget {c['budget']} positions per forward within 10% of one; "
+              f"prefill {c['prefill_tokens_per_s']:.1f} tokens/s" + (" (used)" if p == result.matmul else ""))
     print(f"step {result.seconds[1] * 1e3:.1f} ms against a bandwidth bound of {result.bound_seconds * 1e3:.1f} ms "
           f"({result.weight_bytes / 1e6:.0f} MB of weights at {result.bandwidth_gbs:.1f} GB/s measured): "
           f"{result.bound_seconds / result.seconds[1]:.0%} of the bound")
