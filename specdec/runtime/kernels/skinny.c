@@ -251,8 +251,9 @@ T512 static void run_block512(const uint16_t *W, const uint16_t *x, float *y, co
                 int R = (int)(i0 + m - i < ROWS512 ? i0 + m - i : ROWS512);
                 const uint16_t *xr = x + i * in;
                 float *yr = y + i * out;
-                if (full) {
-                    tile512_call(O, R, i == i0 && m > 1 && o + 2 * O <= out, W + o * in, xr, yr + o, bias ? bias + o : 0, in, out);
+                if (full) { /* the first pass over a tile prefetches the next one, for n > 1 */
+                    int pf = i == i0 && m > 1 && o + 2 * O <= out;
+                    tile512_call(O, R, pf, W + o * in, xr, yr + o, bias ? bias + o : 0, in, out);
                 } else {
                     for (int64_t e = o; e < o1; e++)
                         tile512_call(1, R, 0, W + e * in, xr, yr + e, bias ? bias + e : 0, in, out);
