@@ -14,9 +14,11 @@ flags by `choose_path`; `matmul_path()` is this machine's, `SPECDEC_MATMUL=avx51
 Units of 96 outputs are handed out to the threads (`torch.get_num_threads()`). AMX has no path: none of
 the machines this was built on has it, and a path nobody can run is not written.
 
-Measured on a 2-core Zen 5 (one thread, 17920 x 1536 as in the 1.5B's gate|up, median of 18, machine
-shared): n = 1 / 4 / 8 / 16 positions cost 1.39 / 1.74 / 2.27 / 3.25 ms on avx512bf16 against
-1.5 / 2.2 / 4.1 / 8.8 ms on avx2 and 3.0 / 2.9 / 3.3 / 4.2 ms in torch's own bf16 matmul (oneDNN).
+Measured on a 2-core Zen 5 (one thread, 17920 x 1536 as in the 1.5B's gate|up, interleaved medians, machine
+shared by other work, so ratios rather than absolute figures). Weights from memory (8 such matrices in
+turn, as a forward reads them), n = 1 / 2 / 4 / 8 / 16 positions: avx512bf16 4.3 / 4.6 / 5.9 / 6.6 / 8.2 ms,
+avx2 4.6 / 5.1 / 6.3 / 11.5 / 23.1 ms. One matrix repeated (partly cached), n = 1 / 4 / 8 / 16: avx512bf16
+1.39 / 1.74 / 2.27 / 3.25 ms, avx2 1.5 / 2.2 / 4.1 / 8.8, torch's own bf16 matmul (oneDNN) 3.0 / 2.9 / 3.3 / 4.2.
 
 Why. Decoding is memory-bound (the lesson's Chapter 0): one step reads every weight once and does two
 flops per weight read per position, far below what the cores can compute. So a step costs bytes /
