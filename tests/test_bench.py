@@ -121,7 +121,7 @@ def test_markdown_table_and_outputs(tmp_path):
     assert "**1 MISMATCH** (1 near-tie)" in table and "| ref |" in table
     assert "**all**" in table
     meta = dict(command="specdec bench --x", date=report.now(), machine=report.machine_info(), model="m",
-                draft=None, dtype="float32", prompts="p.jsonl", n_prompts=3, n_turns=3,
+                draft=None, dtype="float32", matmul="avx512bf16", prompts="p.jsonl", n_prompts=3, n_turns=3,
                 settings=dict(temperature=0.0, top_p=1.0, seed=0, max_new_tokens=10, k="auto", limit=2),
                 mismatches=["GREEDY MISMATCH x"])
     paths = report.write_outputs(tmp_path / "out", fake_records(), rows, meta)
@@ -129,6 +129,7 @@ def test_markdown_table_and_outputs(tmp_path):
     assert "specdec bench --x" in md and "torch" in md and "GREEDY MISMATCH x" in md and table in md
     flags = meta["machine"]["cpu_flags"]  # every figure names the CPU features that chose its matmul paths
     assert set(flags) <= set(report.MATMUL_FLAGS) and (" ".join(flags) or "no AVX2") in md
+    assert "dtype: float32, matmul path avx512bf16;" in md  # and the path the model ran on
     assert json.loads(paths["json"].read_text())["summary"][0]["method"] == "plain"
     assert paths["png"].read_bytes()[:4] == b"\x89PNG"
 
