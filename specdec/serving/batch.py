@@ -82,7 +82,7 @@ def packed_forward(model: Transformer, segments: list[Segment]) -> list[torch.Te
             vs = v[:, a:b].view(1, n, hk, hd).transpose(1, 2)
             s.cache.write(layer, ks, vs, start)
             if plan is not None:
-                att = attend_rows(qs, ks, vs, s.cache, layer, start, plan, gqa)
+                att = attend_rows(qs, ks, vs, s.cache, layer, plan, gqa)
             else:
                 keys, values = s.cache.view(layer, start + n)
                 if keys.dtype != qs.dtype:

@@ -1,0 +1,174 @@
+/* Exact attention for n query rows in one call: every row's output is the n = 1 call's, bit for bit.
+ *
+ * out[b, i, h, :] = softmax(q[b, h, i] . K[b, h / G, s] / sqrt(D) over s in keys(i)) . V[b, h / G, s]
+ * with G = H / Hk query heads per KV head (GQA) and keys(i) = cache slots 0 .. prefix[i]-1, then the
+ * slots extra[offs[i] .. offs[i+1]-1] (a tree node's ancestors and itself among the new positions).
+ *
+ * Order-invariant arithmetic. One (batch, row, head) is a fixed sequence of float operations that
+ * depends only on its query vector and the key/value vectors of its key list, in list order:
+ *   - q is scaled by 1/sqrt(D) first (one multiply per element);
+ *   - a score q . k: eight 8-lane partial sums over D (a multiply, then FMAs over D/8 chunks), folded
+ *     ((x0+x1)+(x2+x3))+((x4+x5)+(x6+x7)) by `hsum8x8`, the same tree for every key;
+ *   - keys go in blocks of BLK from the start of the list (online softmax, Milakov & Gimelshein 2018):
+ *     per block the running max m, f = exp(m_old - m), p = exp(s - m) by `exp8` (pure arithmetic, no
+ *     libm), the 8-lane exp-sum l = l*f + p octets in key order, acc = acc*f + p_j * V_j in key order;
+ *   - out = acc / (l's lanes folded by the same tree).
+ * Pad lanes of a last partial octet read a zero key and get p = 0 (adding +0 changes nothing). The rows
+ * of a call, the heads sharing a task and the threads running the tasks never mix their sums, so which
+ * row, which n and which thread count computes a (row, head) never changes its bits.
+ *
+ * Worked example: a chain of n = 3 new positions after start = 5 cached ones: prefix = [6, 7, 8], no
+ * extras; row 2 walks slots 0..7, exactly what a single-position forward at that position walks. A tree
+ * root -> a, b (new positions 0, 1, 2 in slots 5, 6, 7): prefix = [6, 7, 6], extra = [] [] [7]: node b
+ * walks 0..4 (the cache), 5 (root), 7 (itself), the keys a single-position forward would have in 0..6.
+ *
+ * Threads: tasks are (batch, row, kv head, chunk of its G query heads); the heads of a task share the
+ * K/V reads from L1. Compile with -ffp-contract=off (explicit FMAs only), never -ffast-math. */
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <omp.h>
+
+#define BLK 64    /* keys per online-softmax block */
+#define GMAX 8    /* query heads per task */
+#define DMAX 256  /* largest head dimension */
+
+static const float zero_row[DMAX] __attribute__((aligned(32)));
+
+/* exp(x) on 8 lanes (Cephes expf: range reduction by ln 2 in two parts, degree-5 polynomial, 2^n by
+ * exponent bits). x is clamped to [-88.38, 88.38]; exp(0) is exactly 1. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+    x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* Eight 8-lane partial sums -> their eight totals, lane u = ((a_u0+a_u1)+(a_u2+a_u3))+((a_u4+a_u5)+(a_u6+a_u7)). */
+static inline __m256 hsum8x8(const __m256 a[8]) {
+    __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+
+static inline float fold8(__m256 a) {
+    __m256 z = _mm256_setzero_ps();
+    __m256 all[8] = {a, z, z, z, z, z, z, z};
+    return _mm256_cvtss_f32(hsum8x8(all));
+}
+
+/* acc[0 .. 8*nc) = acc * f + sum_t p[t] * v[t][0 .. 8*nc), in t order (nc <= 8 chunks of 8). */
+static inline void weigh(float *acc, __m256 f, const float *p, const float *const *v, int nb, int c0, int nc) {
+    __m256 r[8];
+    for (int u = 0; u < nc; u++) r[u] = _mm256_mul_ps(_mm256_load_ps(acc + 8 * u), f);
+    for (int t = 0; t < nb; t++) {
+        __m256 pb = _mm256_set1_ps(p[t]);
+        for (int u = 0; u < nc; u++) r[u] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(v[t] + c0 + 8 * u), r[u]);
+    }
+    for (int u = 0; u < nc; u++) _mm256_store_ps(acc + 8 * u, r[u]);
+}
+
+/* One task: heads h0 .. h0+gc-1 (all on kv head kh) of row i of batch b. */
+static void task(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const float *kb, const float *vb,
+                 float *out, int64_t prefix, const int64_t *extra, int64_t n_extra,
+                 int64_t b, int64_t i, int64_t h0, int gc, int64_t n, int64_t H, int64_t D) {
+    float qs[GMAX][DMAX] __attribute__((aligned(32)));
+    float acc[GMAX][DMAX] __attribute__((aligned(32)));
+    float s[GMAX][BLK] __attribute__((aligned(32)));
+    float m[GMAX];
+    __m256 l[GMAX];
+    const float *kp[BLK], *vp[BLK];
+    const int nd = (int)(D / 8);
+    const __m256 scale = _mm256_set1_ps(1.0f / sqrtf((float)D));
+    for (int g = 0; g < gc; g++) {
+        const float *qr = q + b * q_sb + (h0 + g) * q_sh + i * q_sn;
+        for (int c = 0; c < nd; c++) _mm256_store_ps(qs[g] + 8 * c, _mm256_mul_ps(_mm256_loadu_ps(qr + 8 * c), scale));
+        memset(acc[g], 0, sizeof(float) * D);
+        m[g] = -INFINITY;
+        l[g] = _mm256_setzero_ps();
+    }
+    const int64_t L = prefix + n_extra;
+    for (int64_t j0 = 0; j0 < L; j0 += BLK) {
+        const int nb = (int)(L - j0 < BLK ? L - j0 : BLK);
+        const int nb8 = (nb + 7) & ~7;
+        for (int t = 0; t < nb8; t++) {
+            if (t < nb) {
+                int64_t j = j0 + t, slot = j < prefix ? j : extra[j - prefix];
+                kp[t] = kb + slot * D;
+                vp[t] = vb + slot * D;
+            } else {
+                kp[t] = vp[t] = zero_row;
+            }
+        }
+        for (int g = 0; g < gc; g++) {
+            for (int t0 = 0; t0 < nb8; t0 += 8) {
+                __m256 a[8];
+                for (int u = 0; u < 8; u++) {
+                    const float *k = kp[t0 + u];
+                    __m256 x = _mm256_mul_ps(_mm256_load_ps(qs[g]), _mm256_loadu_ps(k));
+                    for (int c = 1; c < nd; c++) x = _mm256_fmadd_ps(_mm256_load_ps(qs[g] + 8 * c), _mm256_loadu_ps(k + 8 * c), x);
+                    a[u] = x;
+                }
+                _mm256_store_ps(s[g] + t0, hsum8x8(a));
+            }
+            float mb = m[g];
+            for (int t = 0; t < nb; t++) mb = s[g][t] > mb ? s[g][t] : mb;
+            const __m256 f = m[g] == -INFINITY ? _mm256_setzero_ps() : exp8(_mm256_set1_ps(m[g] - mb));
+            m[g] = mb;
+            const __m256 mv = _mm256_set1_ps(mb);
+            __m256 sum = _mm256_mul_ps(l[g], f);
+            for (int t0 = 0; t0 < nb8; t0 += 8) {
+                __m256 p = exp8(_mm256_sub_ps(_mm256_load_ps(s[g] + t0), mv));
+                _mm256_store_ps(s[g] + t0, p);
+            }
+            for (int t = nb; t < nb8; t++) s[g][t] = 0.0f;
+            for (int t0 = 0; t0 < nb8; t0 += 8) sum = _mm256_add_ps(sum, _mm256_load_ps(s[g] + t0));
+            l[g] = sum;
+            for (int c0 = 0; c0 < D; c0 += 64) {
+                const int nc = (int)((D - c0) / 8 < 8 ? (D - c0) / 8 : 8);
+                if (nc == 8) weigh(acc[g] + c0, f, s[g], vp, nb, (int)c0, 8);
+                else weigh(acc[g] + c0, f, s[g], vp, nb, (int)c0, nc);
+            }
+        }
+    }
+    for (int g = 0; g < gc; g++) {
+        const __m256 tot = _mm256_set1_ps(fold8(l[g]));
+        float *o = out + ((b * n + i) * H + h0 + g) * D;
+        for (int c = 0; c < nd; c++) _mm256_storeu_ps(o + 8 * c, _mm256_div_ps(_mm256_load_ps(acc[g] + 8 * c), tot));
+    }
+}
+
+/* q [B, H, n, D] (strides q_sb, q_sh, q_sn in floats, D contiguous); k, v the layer's cache [B, Hk, S, D]
+ * contiguous; out [B, n, H, D] contiguous. Row i sees slots 0 .. prefix[i]-1 then extra[offs[i] ..
+ * offs[i+1]-1] (the same lists for every batch). Returns 0, or 1 when D or H / Hk are out of range. */
+int attend(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const float *k, const float *v, float *out,
+           const int64_t *prefix, const int64_t *offs, const int64_t *extra,
+           int64_t B, int64_t n, int64_t H, int64_t Hk, int64_t S, int64_t D, int threads) {
+    if (D % 8 || D > DMAX || D <= 0 || Hk <= 0 || H % Hk) return 1;
+    const int64_t G = H / Hk, units = B * n * Hk;
+    int64_t chunks = (G + GMAX - 1) / GMAX;
+    while (chunks < G && units * chunks < threads) chunks++;  /* split heads only to feed idle threads */
+    const int64_t gc = (G + chunks - 1) / chunks, per = (G + gc - 1) / gc, tasks = units * per;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; t++) {
+        const int64_t c = t % per, kh = (t / per) % Hk, i = (t / per / Hk) % n, b = t / per / Hk / n;
+        const int64_t h0 = kh * G + c * gc;
+        const int g = (int)(h0 + gc <= (kh + 1) * G ? gc : (kh + 1) * G - h0);
+        const float *kb = k + (b * Hk + kh) * S * D, *vb = v + (b * Hk + kh) * S * D;
+        task(q, q_sb, q_sh, q_sn, kb, vb, out, prefix[i], extra + offs[i], offs[i + 1] - offs[i],
+             b, i, h0, g, n, H, D);
+    }
+    return 0;
+}
