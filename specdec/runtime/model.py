@@ -23,6 +23,12 @@ bf16 on a CPU without native bf16 matmuls (the loader decides): the projection a
 in bf16 and run through the skinny-GEMM kernel (`specdec.runtime.kernels`) with fp32 activations; norms,
 the embedding lookup's output, RoPE, attention and the KV cache are fp32. `model.dtype` is then bf16
 (the weights' dtype) and `model.compute_dtype` fp32.
+Exact models (bf16 on the kernel, q8, q4: `Transformer.row_exact`) attend through the exact-attention kernel
+(`specdec.runtime.kernels.attention`): all n rows in one call, each (row, head) over exactly the key slots a
+single-position forward at that position sees (the cache, then its ancestors and itself), with an order of
+operations that does not depend on n, so every position's logits are bit-identical to plain decoding's.
+A tree needs no rewriting of the KV cache: a row's key list names its ancestors' slots. Without the kernel
+(no C compiler) the same rows run one torch call each (`attend_rows`, `RowPlan.steps`).
 """
 
 from __future__ import annotations
