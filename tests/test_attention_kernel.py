@@ -1,7 +1,7 @@
 """The exact-attention kernel (`specdec.runtime.kernels.attention`): n query rows in one call give, row for row,
 the bits of a call for that row alone over its keys laid out as plain decoding lays them out (the cache, then
 its ancestors and itself in consecutive slots), for chains, trees and lookahead-style windows, with and without
-GQA, for any thread count; and the values are attention's (close to torch's)."""
+GQA, for any thread count, on every instruction set the CPU has; and the values are attention's (close to torch's)."""
 
 import pytest
 import torch
@@ -13,7 +13,9 @@ from tests.test_exact_bf16 import check_layout, model  # noqa: F401 (the fixture
 
 pytestmark = pytest.mark.skipif(not attention.available(), reason="the exact-attention kernel is unavailable")
 
-SHAPES = [(4, 4, 16), (9, 3, 64), (12, 2, 128), (14, 2, 72)]  # (H, Hk, D): no GQA, SmolLM2, Qwen 1.5B, a D % 64 != 0
+SHAPES = [(4, 4, 16), (9, 3, 64), (12, 2, 128), (14, 2, 80), (14, 2, 72)]  # (H, Hk, D): no GQA, SmolLM2, Qwen 1.5B,
+# D % 64 != 0 (AVX512's partial last chunk), D % 16 != 0 (AVX2 only)
+ISAS = attention.isas() if attention.available() else []
 
 
 def random_paths(n: int, g: torch.Generator, tree: bool) -> list[list[int]]:
@@ -29,12 +31,12 @@ def random_paths(n: int, g: torch.Generator, tree: bool) -> list[list[int]]:
     return paths
 
 
-def single(q_row, k_new, v_new, keys, values, start, path, threads):
+def single(q_row, k_new, v_new, keys, values, start, path, use):
     """Row alone, as plain decoding sees it: the cache's first `start` slots, then path's keys in consecutive slots."""
     k, v = keys.clone(), values.clone()
     k[:, :, start:start + len(path)] = k_new[:, :, path]
     v[:, :, start:start + len(path)] = v_new[:, :, path]
-    return attention.attend(q_row, k, v, attention.Rows.chain(1, start + len(path) - 1), threads)[:, 0]
+    return attention.attend(q_row, k, v, attention.Rows.chain(1, start + len(path) - 1), 1, use)[:, 0]
 
 
 def inputs(H, Hk, D, start, n, seed, B=1):
@@ -48,15 +50,18 @@ def inputs(H, Hk, D, start, n, seed, B=1):
 @pytest.mark.parametrize("H, Hk, D", SHAPES)
 @pytest.mark.parametrize("layout", ["chain", "tree", "window"])
 @pytest.mark.parametrize("threads", [1, 2, 5])
-def test_rows_equal_single_row_calls(H, Hk, D, layout, threads):
+@pytest.mark.parametrize("use", ISAS)
+def test_rows_equal_single_row_calls(H, Hk, D, layout, threads, use):
+    if use == "avx512" and D % 16:
+        pytest.skip("the AVX512 path takes head dims that are multiples of 16")
     start, n = 70, 13  # the lists cross a 64-key block boundary
     q, keys, values, g = inputs(H, Hk, D, start, n, seed=H + D)
     paths = [list(range(i + 1)) for i in range(n)] if layout == "chain" else random_paths(n, g, layout == "tree")
     rows = attention.Rows.chain(n, start) if layout == "chain" else attention.Rows.from_paths(paths, start)
     k_new, v_new = keys[:, :, start:start + n].clone(), values[:, :, start:start + n].clone()
-    out = attention.attend(q, keys, values, rows, threads)
+    out = attention.attend(q, keys, values, rows, threads, use)
     for i, path in enumerate(paths):
-        alone = single(q[:, :, i:i + 1], k_new, v_new, keys, values, start, path, threads=1)
+        alone = single(q[:, :, i:i + 1], k_new, v_new, keys, values, start, path, use)
         assert torch.equal(out[:, i], alone), (layout, i)
         # and the values are attention's: torch over the same keys
         slots = list(range(start)) + [start + j for j in path]
@@ -72,6 +77,10 @@ def test_batch_rows_are_their_own():
     out = attention.attend(q, keys, values, rows)
     for b in range(3):
         assert torch.equal(out[b:b + 1], attention.attend(q[b:b + 1], keys[b:b + 1], values[b:b + 1], rows))
+
+
+def test_the_best_instruction_set_is_taken():
+    assert ISAS[-1] == "avx2" and attention.isa(64) == ISAS[0] and attention.isa(72) == "avx2"
 
 
 def test_unsupported_shapes_are_refused():

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("attention.c")
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 MAX_HEAD_DIM = 256  # DMAX in attention.c
+ISAS = {"avx512": 2, "avx2": 1}  # best first: AVX512F (head dims that are multiples of 16), else AVX2 + FMA
 
 _lock = threading.Lock()
 _lib = None
@@ -78,7 +79,11 @@ class Rows:
 def _declare(lib) -> None:
     lib.attend.restype = ctypes.c_int
     lib.attend.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 6
-                           + [ctypes.c_int64] * 6 + [ctypes.c_int])
+                           + [ctypes.c_int64] * 6 + [ctypes.c_int] * 2)
+    lib.attend_supported.restype = ctypes.c_int
+    lib.attend_supported.argtypes = [ctypes.c_int]
+    if not lib.attend_supported(ISAS["avx2"]):
+        raise RuntimeError("the CPU lacks AVX2 or FMA")
 
 
 def _load():
@@ -108,6 +113,17 @@ def reason() -> str:
     return "disabled by SPECDEC_KERNEL=0" if not kernels.enabled() else _reason
 
 
+def isas() -> list[str]:
+    """The instruction sets this CPU runs the kernel on, best first ([] without the kernel)."""
+    lib = _load() if kernels.enabled() else None
+    return [name for name, code in ISAS.items() if lib is not None and lib.attend_supported(code)]
+
+
+def isa(head_dim: int) -> str:
+    """The instruction set `attend` uses for this head dim: avx512 when the CPU has it and 16 divides head_dim."""
+    return next(name for name in isas() if name != "avx512" or head_dim % 16 == 0)
+
+
 def supports(q: torch.Tensor, keys: torch.Tensor) -> bool:
     """Whether `attend` takes these shapes and dtypes (fp32, head dim a multiple of 8 up to 256, GQA groups)."""
     d = q.shape[-1]
@@ -115,17 +131,22 @@ def supports(q: torch.Tensor, keys: torch.Tensor) -> bool:
             and q.shape[0] == keys.shape[0] and q.shape[1] % keys.shape[1] == 0 and keys.is_contiguous())
 
 
+_best: dict[int, int] = {}  # head dim -> ISAS code, once per process (a machine always takes one path)
+
+
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: Rows,
-           threads: int | None = None) -> torch.Tensor:
+           threads: int | None = None, use: str | None = None) -> torch.Tensor:
     """Attention of q [B, H, n, D] over the slots `rows` names in keys, values [B, Hk, S, D] (fp32,
-    contiguous): [B, n, H, D]. Call only when `available()` and `supports(q, keys)`."""
+    contiguous): [B, n, H, D]. `use`: an instruction set from `isas()` (default: `isa(D)`, the best).
+    Call only when `available()` and `supports(q, keys)`."""
     B, H, n, D = q.shape
+    code = ISAS[use] if use else _best.get(D) or _best.setdefault(D, ISAS[isa(D)])
     if q.stride(-1) != 1:
         q = q.contiguous()
     out = torch.empty(B, n, H, D)
     rc = (_lib if _state else _load()).attend(q.data_ptr(), q.stride(0), q.stride(1), q.stride(2), keys.data_ptr(), values.data_ptr(),
                      out.data_ptr(), rows.prefix.data_ptr(), rows.offs.data_ptr(), rows.extra.data_ptr(),
-                     B, n, H, keys.shape[1], keys.shape[2], D, threads or torch.get_num_threads())
+                     B, n, H, keys.shape[1], keys.shape[2], D, code, threads or torch.get_num_threads())
     if rc:
-        raise ValueError(f"attend: head dim {D} or heads {H}/{keys.shape[1]} not supported")
+        raise ValueError(f"attend: head dim {D}, heads {H}/{keys.shape[1]} or {use} not supported here")
     return out
