@@ -201,6 +201,26 @@ T512 static inline __attribute__((always_inline)) void weigh16(float (*acc)[DMAX
         for (int u = 0; u < nc; u++) _mm512_store_ps(acc[g] + c0 + 16 * u, r[g][u]);
 }
 
+/* s[g][t] = qs[g] . k[t] for heads g < gp and keys t < nb8 (a multiple of 8); every K chunk is loaded once
+ * for the gp heads. Called with literal gp so the partial sums stay in registers. */
+T512 static inline __attribute__((always_inline)) void score16(float (*qs)[DMAX], const float *const *kp, int nb8,
+                                                               float (*s)[BLK], int nd, const int gp) {
+    for (int t0 = 0; t0 < nb8; t0 += 8) {
+        __m256 a[4][8];
+        for (int u = 0; u < 8; u++) {
+            const float *k = kp[t0 + u];
+            __m512 x[4], kc = _mm512_loadu_ps(k);
+            for (int g = 0; g < gp; g++) x[g] = _mm512_mul_ps(_mm512_load_ps(qs[g]), kc);
+            for (int c = 1; c < nd; c++) {
+                kc = _mm512_loadu_ps(k + 16 * c);
+                for (int g = 0; g < gp; g++) x[g] = _mm512_fmadd_ps(_mm512_load_ps(qs[g] + 16 * c), kc, x[g]);
+            }
+            for (int g = 0; g < gp; g++) a[g][u] = half16(x[g]);
+        }
+        for (int g = 0; g < gp; g++) _mm256_store_ps(s[g] + t0, hsum8x8(a[g]));
+    }
+}
+
 T512 static void task512(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const float *kb,
                          const float *vb, float *out, int64_t prefix, const int64_t *extra, int64_t n_extra,
                          int64_t b, int64_t i, int64_t h0, int gc, int64_t n, int64_t H, int64_t D) {
@@ -232,28 +252,22 @@ T512 static void task512(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_s
                 kp[t] = vp[t] = zero_row;
             }
         }
-        for (int t0 = 0; t0 < nb8; t0 += 8) {
-            __m256 a[GMAX][8];
-            for (int u = 0; u < 8; u++) {
-                const float *k = kp[t0 + u];
-                __m512 x[GMAX];
-                __m512 kc = _mm512_loadu_ps(k);
-                for (int g = 0; g < gc; g++) x[g] = _mm512_mul_ps(_mm512_load_ps(qs[g]), kc);
-                for (int c = 1; c < nd; c++) {
-                    kc = _mm512_loadu_ps(k + 16 * c);
-                    for (int g = 0; g < gc; g++) x[g] = _mm512_fmadd_ps(_mm512_load_ps(qs[g] + 16 * c), kc, x[g]);
-                }
-                for (int g = 0; g < gc; g++) a[g][u] = half16(x[g]);
-            }
-            for (int g = 0; g < gc; g++) _mm256_store_ps(s[g] + t0, hsum8x8(a[g]));
+        const int per = (gc + (gc + 3) / 4 - 1) / ((gc + 3) / 4);  /* heads per pass, balanced: 6 -> 3 + 3 */
+        for (int g0 = 0; g0 < gc; g0 += per) {
+            const int gp = gc - g0 < per ? gc - g0 : per;
+            if (gp == 4) score16(qs + g0, kp, nb8, s + g0, nd, 4);
+            else if (gp == 3) score16(qs + g0, kp, nb8, s + g0, nd, 3);
+            else if (gp == 2) score16(qs + g0, kp, nb8, s + g0, nd, 2);
+            else score16(qs + g0, kp, nb8, s + g0, nd, 1);
         }
         for (int g = 0; g < gc; g++) {
-            float mb = m[g];
-            for (int t = 0; t < nb; t++) mb = s[g][t] > mb ? s[g][t] : mb;
+            for (int t = nb; t < nb16; t++) s[g][t] = -INFINITY;
+            __m512 mx = _mm512_set1_ps(m[g]);
+            for (int t0 = 0; t0 < nb16; t0 += 16) mx = _mm512_max_ps(mx, _mm512_load_ps(s[g] + t0));
+            const float mb = _mm512_reduce_max_ps(mx);  /* a max is the same in any order */
             f[g] = m[g] == -INFINITY ? _mm512_setzero_ps() : exp16(_mm512_set1_ps(m[g] - mb));
             m[g] = mb;
             const __m512 mv = _mm512_set1_ps(mb);
-            for (int t = nb; t < nb16; t++) s[g][t] = mb;
             __m512 sum = _mm512_mul_ps(l[g], f[g]);
             for (int t0 = 0; t0 < nb16; t0 += 16) {
                 __m512 p = exp16(_mm512_sub_ps(_mm512_load_ps(s[g] + t0), mv));
@@ -263,8 +277,8 @@ T512 static void task512(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_s
             for (int t0 = 0; t0 < nb16; t0 += 16) sum = _mm512_add_ps(sum, _mm512_load_ps(s[g] + t0));
             l[g] = sum;
         }
-        for (int g0 = 0; g0 < gc; g0 += 4) {
-            const int gp = gc - g0 < 4 ? gc - g0 : 4;
+        for (int g0 = 0; g0 < gc; g0 += per) {
+            const int gp = gc - g0 < per ? gc - g0 : per;
             for (int c0 = 0; c0 < D; c0 += 64) {
                 const int nc = (int)((D - c0) / 16 < 4 ? (D - c0) / 16 : 4);
                 float (*ag)[DMAX] = acc + g0;
@@ -302,7 +316,7 @@ int attend(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const float
     if (D % 8 || D > DMAX || D <= 0 || Hk <= 0 || H % Hk || !attend_supported(isa) || (isa == 2 && D % 16)) return 1;
     const int64_t G = H / Hk, units = B * n * Hk;
     int64_t chunks = (G + GMAX - 1) / GMAX;
-    while (chunks < G && units * chunks < threads) chunks++;  /* split heads only to feed idle threads */
+    while (chunks < G && units * chunks < 2 * threads) chunks++;  /* split heads only to feed idle threads */
     const int64_t gc = (G + chunks - 1) / chunks, per = (G + gc - 1) / gc, tasks = units * per;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; t++) {
