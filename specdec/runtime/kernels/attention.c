@@ -7,13 +7,14 @@
  * Order-invariant arithmetic. One (batch, row, head) is a fixed sequence of float operations that
  * depends only on its query vector and the key/value vectors of its key list, in list order:
  *   - q is scaled by 1/sqrt(D) first (one multiply per element);
- *   - a score q . k: eight 8-lane partial sums over D (a multiply, then FMAs over D/8 chunks), folded
- *     ((x0+x1)+(x2+x3))+((x4+x5)+(x6+x7)) by `hsum8x8`, the same tree for every key;
+ *   - a score q . k: one 8-lane vector of partial sums (a multiply, then an FMA per further chunk of 8
+ *     of D), its lanes folded ((x0+x1)+(x2+x3))+((x4+x5)+(x6+x7)) by `hsum8x8`, the same for every key;
  *   - keys go in blocks of BLK from the start of the list (online softmax, Milakov & Gimelshein 2018):
  *     per block the running max m, f = exp(m_old - m), p = exp(s - m) by `exp8` (pure arithmetic, no
  *     libm), the 8-lane exp-sum l = l*f + p octets in key order, acc = acc*f + p_j * V_j in key order;
  *   - out = acc / (l's lanes folded by the same tree).
- * Pad lanes of a last partial octet read a zero key and get p = 0 (adding +0 changes nothing). The rows
+ * Pad lanes of a last partial octet read a zero key and get p = 0 (adding +0 changes nothing); a max is
+ * the same in any order. The rows
  * of a call, the heads sharing a task and the threads running the tasks never mix their sums, so which
  * row, which n and which thread count computes a (row, head) never changes its bits.
  *
@@ -24,7 +25,12 @@
  *
  * Two instruction sets: `task` (AVX2 + FMA, 8 lanes) and `task512` (AVX512F, 16 lanes, the heads of a task
  * sharing every K and V load); `attend` runs the one it is told (the Python side picks the best per CPU).
- * Threads: tasks are (batch, row, kv head, chunk of its G query heads). Compile with -ffp-contract=off (explicit FMAs only), never -ffast-math. */
+ * Threads: tasks are (batch, row, kv head, chunk of its G query heads), split finer only while there are
+ * fewer than two per thread. Compile with -ffp-contract=off (explicit FMAs only), never -ffast-math.
+ *
+ * Cost (SmolLM2-135M, 9 query / 3 KV heads of 64, 256 cached positions, one Zen 5 core, AVX512): 16 rows
+ * in ~0.1 ms a layer against ~0.14 ms for one masked torch call and ~0.44 ms row by row; one row in
+ * ~14 us against ~26 us (CPU time). */
 
 #include <immintrin.h>
 #include <math.h>

@@ -16,8 +16,10 @@ Worked example. A tree root -> a, b; a -> c after 5 cached positions (new positi
 paths [[0], [0, 1], [0, 2], [0, 1, 3]]): `Rows.from_paths(paths, 5)` gives prefix [6, 7, 6, 7] and extras
 [], [], [7], [8]: c walks slots 0..6 then 8, the keys (cache, root, a, c) its single-position forward sees.
 
-The library is built on first use like the other kernels (`kernels.open_library`); without it, or with
-`SPECDEC_KERNEL=0`, `available()` is False and the model attends row by row through torch instead.
+Instruction sets: AVX512F (16 lanes; head dims that are multiples of 16) where the CPU has it, else AVX2 + FMA
+(`isa`); a machine always takes the same path, the two give different bits. The library is built on first
+use like the other kernels (`kernels.open_library`); without it, or with `SPECDEC_KERNEL=0`, `available()`
+is False and the model attends row by row through torch instead.
 """
 
 from __future__ import annotations
