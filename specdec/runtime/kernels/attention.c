@@ -23,8 +23,8 @@
  * root -> a, b (new positions 0, 1, 2 in slots 5, 6, 7): prefix = [6, 7, 6], extra = [] [] [7]: node b
  * walks 0..4 (the cache), 5 (root), 7 (itself), the keys a single-position forward would have in 0..6.
  *
- * Two instruction sets: `task` (AVX2 + FMA, 8 lanes) and `task512` (AVX512F, 16 lanes, the heads of a task
- * sharing every K and V load); `attend` runs the one it is told (the Python side picks the best per CPU).
+ * Two instruction sets: `task` (AVX2 + FMA, 8 lanes) and `task512` (AVX512F, 16 lanes); in both the heads
+ * of a task share every K and V load. `attend` runs the one it is told (the Python side picks the best per CPU).
  * Threads: tasks are (batch, row, kv head, chunk of its G query heads), split finer only while there are
  * fewer than two per thread. Compile with -ffp-contract=off (explicit FMAs only), never -ffast-math.
  *
@@ -76,15 +76,44 @@ static inline float fold8(__m256 a) {
     return _mm256_cvtss_f32(hsum8x8(all));
 }
 
-/* acc[0 .. 8*nc) = acc * f + sum_t p[t] * v[t][0 .. 8*nc), in t order (nc <= 8 chunks of 8). */
-static inline void weigh(float *acc, __m256 f, const float *p, const float *const *v, int nb, int c0, int nc) {
-    __m256 r[8];
-    for (int u = 0; u < nc; u++) r[u] = _mm256_mul_ps(_mm256_load_ps(acc + 8 * u), f);
+/* acc[g][c0 .. c0+8*nc) = acc * f[g] + sum_t p[g][t] * v[t][c0 ..), t in order, for heads g < gp (<= 2) and
+ * nc <= 4 chunks of 8; the V loads are shared by the heads. Called with literal gp, nc (registers). */
+static inline __attribute__((always_inline)) void weigh8(float (*acc)[DMAX], const __m256 *f, float (*p)[BLK],
+                                                         const float *const *v, int nb, int c0, const int gp,
+                                                         const int nc) {
+    __m256 r[2][4];
+    for (int g = 0; g < gp; g++)
+        for (int u = 0; u < nc; u++) r[g][u] = _mm256_mul_ps(_mm256_load_ps(acc[g] + c0 + 8 * u), f[g]);
     for (int t = 0; t < nb; t++) {
-        __m256 pb = _mm256_set1_ps(p[t]);
-        for (int u = 0; u < nc; u++) r[u] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(v[t] + c0 + 8 * u), r[u]);
+        __m256 x[4];
+        for (int u = 0; u < nc; u++) x[u] = _mm256_loadu_ps(v[t] + c0 + 8 * u);
+        for (int g = 0; g < gp; g++) {
+            __m256 pb = _mm256_set1_ps(p[g][t]);
+            for (int u = 0; u < nc; u++) r[g][u] = _mm256_fmadd_ps(pb, x[u], r[g][u]);
+        }
     }
-    for (int u = 0; u < nc; u++) _mm256_store_ps(acc + 8 * u, r[u]);
+    for (int g = 0; g < gp; g++)
+        for (int u = 0; u < nc; u++) _mm256_store_ps(acc[g] + c0 + 8 * u, r[g][u]);
+}
+
+/* s[g][t] = qs[g] . k[t] for heads g < gp (<= 4) and keys t < nb8 (a multiple of 8); every K chunk is loaded
+ * once for the gp heads. Called with literal gp so the partial sums stay in registers. */
+static inline __attribute__((always_inline)) void score8(float (*qs)[DMAX], const float *const *kp, int nb8,
+                                                         float (*s)[BLK], int nd, const int gp) {
+    for (int t0 = 0; t0 < nb8; t0 += 8) {
+        __m256 a[4][8];
+        for (int u = 0; u < 8; u++) {
+            const float *k = kp[t0 + u];
+            __m256 x[4], kc = _mm256_loadu_ps(k);
+            for (int g = 0; g < gp; g++) x[g] = _mm256_mul_ps(_mm256_load_ps(qs[g]), kc);
+            for (int c = 1; c < nd; c++) {
+                kc = _mm256_loadu_ps(k + 8 * c);
+                for (int g = 0; g < gp; g++) x[g] = _mm256_fmadd_ps(_mm256_load_ps(qs[g] + 8 * c), kc, x[g]);
+            }
+            for (int g = 0; g < gp; g++) a[g][u] = x[g];
+        }
+        for (int g = 0; g < gp; g++) _mm256_store_ps(s[g] + t0, hsum8x8(a[g]));
+    }
 }
 
 /* One task: heads h0 .. h0+gc-1 (all on kv head kh) of row i of batch b. */
@@ -119,23 +148,21 @@ static void task(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const
                 kp[t] = vp[t] = zero_row;
             }
         }
+        for (int g0 = 0; g0 < gc; g0 += 4) {
+            const int gp = gc - g0 < 4 ? gc - g0 : 4;
+            if (gp == 4) score8(qs + g0, kp, nb8, s + g0, nd, 4);
+            else if (gp == 3) score8(qs + g0, kp, nb8, s + g0, nd, 3);
+            else if (gp == 2) score8(qs + g0, kp, nb8, s + g0, nd, 2);
+            else score8(qs + g0, kp, nb8, s + g0, nd, 1);
+        }
+        __m256 f[GMAX];
         for (int g = 0; g < gc; g++) {
-            for (int t0 = 0; t0 < nb8; t0 += 8) {
-                __m256 a[8];
-                for (int u = 0; u < 8; u++) {
-                    const float *k = kp[t0 + u];
-                    __m256 x = _mm256_mul_ps(_mm256_load_ps(qs[g]), _mm256_loadu_ps(k));
-                    for (int c = 1; c < nd; c++) x = _mm256_fmadd_ps(_mm256_load_ps(qs[g] + 8 * c), _mm256_loadu_ps(k + 8 * c), x);
-                    a[u] = x;
-                }
-                _mm256_store_ps(s[g] + t0, hsum8x8(a));
-            }
             float mb = m[g];
             for (int t = 0; t < nb; t++) mb = s[g][t] > mb ? s[g][t] : mb;
-            const __m256 f = m[g] == -INFINITY ? _mm256_setzero_ps() : exp8(_mm256_set1_ps(m[g] - mb));
+            f[g] = m[g] == -INFINITY ? _mm256_setzero_ps() : exp8(_mm256_set1_ps(m[g] - mb));
             m[g] = mb;
             const __m256 mv = _mm256_set1_ps(mb);
-            __m256 sum = _mm256_mul_ps(l[g], f);
+            __m256 sum = _mm256_mul_ps(l[g], f[g]);
             for (int t0 = 0; t0 < nb8; t0 += 8) {
                 __m256 p = exp8(_mm256_sub_ps(_mm256_load_ps(s[g] + t0), mv));
                 _mm256_store_ps(s[g] + t0, p);
@@ -143,10 +170,14 @@ static void task(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const
             for (int t = nb; t < nb8; t++) s[g][t] = 0.0f;
             for (int t0 = 0; t0 < nb8; t0 += 8) sum = _mm256_add_ps(sum, _mm256_load_ps(s[g] + t0));
             l[g] = sum;
-            for (int c0 = 0; c0 < D; c0 += 64) {
-                const int nc = (int)((D - c0) / 8 < 8 ? (D - c0) / 8 : 8);
-                if (nc == 8) weigh(acc[g] + c0, f, s[g], vp, nb, (int)c0, 8);
-                else weigh(acc[g] + c0, f, s[g], vp, nb, (int)c0, nc);
+        }
+        for (int g0 = 0; g0 < gc; g0 += 2) {
+            const int gp = gc - g0 < 2 ? gc - g0 : 2;
+            for (int c0 = 0; c0 < D; c0 += 32) {
+                const int nc = (int)((D - c0) / 8 < 4 ? (D - c0) / 8 : 4);
+                if (nc == 4 && gp == 2) weigh8(acc + g0, f + g0, s + g0, vp, nb, (int)c0, 2, 4);
+                else if (nc == 4) weigh8(acc + g0, f + g0, s + g0, vp, nb, (int)c0, 1, 4);
+                else weigh8(acc + g0, f + g0, s + g0, vp, nb, (int)c0, gp, nc);
             }
         }
     }
@@ -157,7 +188,7 @@ static void task(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const
     }
 }
 
-/* ---- AVX512: 16 lanes, and the heads of a task share every K and V load ----------------------------
+/* ---- AVX512: 16 lanes -----------------------------------------------------------------------------
  * The same algorithm as `task`, in 16 lanes, with its own fixed order per (row, head): a score is D/16
  * chunks (a multiply, then FMAs), its 16 lanes folded to 8 (low half + high half), then `hsum8x8`; the
  * exp-sum keeps 16 lanes, folded the same way at the end. Used on CPUs with AVX512F when D % 16 == 0
