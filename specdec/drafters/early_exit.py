@@ -63,7 +63,7 @@ def forward_from_layer(model: Transformer, cache: KVCache, hidden: torch.Tensor,
         x = torch.cat([hidden.to(y.dtype), y], dim=1)
     else:
         x = hidden
-    mask, plan = model.attention_plan(n, start)  # as Transformer.forward attends: row by row where exact
+    mask, plan = model.attention_plan(n, start)  # as Transformer.forward attends (exact models: `attend_rows`)
     for i in range(start_layer, model.cfg.num_layers):
         x = model.layers[i](x, cos, sin, cache, i, start, mask, plan)
     cache.length = start + n

@@ -23,11 +23,18 @@ bf16 where the skinny-GEMM kernel runs (the loader decides: AVX512-BF16 or AVX2,
 projection and LM-head weights stay in bf16 and run through the kernel with fp32 activations; norms,
 the embedding lookup's output, RoPE, attention and the KV cache are fp32. `model.dtype` is then bf16
 (the weights' dtype) and `model.compute_dtype` fp32.
+Exact models (bf16 on the kernel, q8, q4: `Transformer.row_exact`) attend through the exact-attention kernel
+(`specdec.runtime.kernels.attention`): all n rows in one call, each (row, head) over exactly the key slots a
+single-position forward at that position sees (the cache, then its ancestors and itself), with an order of
+operations that does not depend on n, so every position's logits are bit-identical to plain decoding's.
+A tree needs no rewriting of the KV cache: a row's key list names its ancestors' slots. Without the kernel
+(no C compiler) the same rows run one torch call each (`attend_rows`, `RowPlan.steps`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Sequence
 
 import torch
@@ -35,12 +42,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.runtime import kernels
-from specdec.runtime.kernels import quant
+from specdec.runtime.kernels import attention, quant
 from specdec.runtime.config import ModelConfig
 from specdec.runtime.kv_cache import KVCache
 
 
-ROW_EXACT_MAX = 32  # longest causal chain attended row by row (verification); longer ones (prefill): one call
+ROW_EXACT_MAX = 32  # without the exact-attention kernel: longest chain attended row by row; longer ones: one call
 PREFILL_CHUNK = 256  # prompts are fed in chunks cut at multiples of this position (`prefill_spans`)
 
 
@@ -156,7 +163,7 @@ class Block(nn.Module):
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         cache.write(layer, k, v, start)
         if plan is not None:
-            att = attend_rows(q, k, v, cache, layer, start, plan, cfg.num_heads != cfg.num_kv_heads)
+            att = attend_rows(q, k, v, cache, layer, plan, cfg.num_heads != cfg.num_kv_heads)
         else:
             keys, values = cache.view(layer, start + n)
             if keys.dtype != q.dtype:  # a cache built in another dtype than the activations
@@ -170,58 +177,75 @@ class Block(nn.Module):
 
 @dataclass
 class RowPlan:
-    """How `attend_rows` runs n query rows, worked out once per forward (not per layer): for row i,
-    `rows[i]` = (keys, at, moved): it attends to the cache's first start + keys slots, after writing the
-    new positions `moved` (a LongTensor, or None: nothing to write) into slots start + at onwards.
-    `restore`: the new positions' own keys must be put back in slots start..start+n-1 afterwards."""
+    """Which keys each of n query rows attends to, worked out once per forward (not per layer): row i sees the
+    cache's first `start` slots, then the new positions paths[i] (its ancestors and itself, ascending; row i of
+    a causal chain: 0..i), the keys a single-position forward at that node sees. `attend_rows` runs it."""
 
-    rows: list[tuple[int, int, torch.Tensor | None]]
-    restore: bool
+    start: int
+    n: int
+    paths: list[list[int]] | None = None  # None: a causal chain
 
     @classmethod
-    def from_paths(cls, paths: list[list[int]]) -> "RowPlan":
-        """paths[i]: the new positions row i sees (its ancestors and itself, ascending). A chain's paths are
-        prefixes (row i: [0..i]) and need no writes; a tree's row rewrites only where its path leaves the
-        one in place (trie order keeps that short).
+    def causal(cls, n: int, start: int) -> "RowPlan":
+        return cls(start, n)
 
-        Example: a tree root -> a, b; a -> c (nodes [root, a, b, c], paths [[0], [0, 1], [0, 2], [0, 1, 3]]):
-        row b writes b into slot start+1; row c writes a and c into slots start+1, start+2."""
-        placed = list(range(len(paths)))  # which new position each slot from `start` holds
+    @classmethod
+    def from_mask(cls, mask: torch.Tensor, start: int) -> "RowPlan | None":
+        """The plan of a mask [1, 1, n, start+n]: each row sees the whole cache and the new positions its mask
+        row allows; None when the mask cannot be met so (a cached slot hidden, per-batch masks)."""
+        if mask.shape[0] != 1 or not bool(mask[..., :start].all()):
+            return None
+        return cls(start, mask.shape[2], [[j for j, seen in enumerate(row) if seen]
+                                          for row in mask[0, 0, :, start:].tolist()])
+
+    @cached_property
+    def rows(self) -> attention.Rows:
+        """The key slots per row, for the exact-attention kernel."""
+        if self.paths is None:
+            return attention.Rows.chain(self.n, self.start)
+        return attention.Rows.from_paths(self.paths, self.start)
+
+    @cached_property
+    def steps(self) -> tuple[list[tuple[int, int, torch.Tensor | None]], bool]:
+        """For the torch fallback: per row (keys, at, moved): it attends to the cache's first start + keys slots,
+        after writing the new positions `moved` (a LongTensor, or None) into slots start + at onwards; and
+        whether the new positions' own keys must be put back in slots start.. afterwards. A chain's rows need
+        no writes; a tree's row rewrites only where its path leaves the one in place (trie order keeps that
+        short). Example: root -> a, b; a -> c (paths [[0], [0, 1], [0, 2], [0, 1, 3]]): row b writes b into
+        slot start+1; row c writes a and c into slots start+1, start+2."""
+        if self.paths is None:
+            return [(i + 1, i + 1, None) for i in range(self.n)], False
+        placed = list(range(self.n))  # which new position each slot from `start` holds
         rows = []
-        for path in paths:
+        for path in self.paths:
             same = next((j for j, (a, b) in enumerate(zip(placed, path)) if a != b), len(path))
             moved = torch.tensor(path[same:]) if same < len(path) else None
             placed[same:len(path)] = path[same:]
             rows.append((len(path), same, moved))
-        return cls(rows, placed != list(range(len(paths))))
-
-    @classmethod
-    def chain(cls, n: int) -> "RowPlan":
-        return cls([(i + 1, i + 1, None) for i in range(n)], False)
+        return rows, placed != list(range(self.n))
 
 
-def attend_rows(q, k, v, cache: KVCache, layer: int, start: int, plan: RowPlan, gqa: bool) -> torch.Tensor:
-    """Attention one query row at a time, each over exactly the keys a single-position forward at that
-    node would see, in the same order and memory layout: the cache's slots 0..start-1, then the node's
-    ancestors and itself written to the slots right after them (`RowPlan`). Row i is then the very call
-    plain decoding makes, so verification is bit-identical to it."""
+def attend_rows(q, k, v, cache: KVCache, layer: int, plan: RowPlan, gqa: bool) -> torch.Tensor:
+    """Attention of q [B, H, n, D] where each row sees exactly the keys (`plan`) a single-position forward at
+    that node sees, in the same order, so verification is bit-identical to plain decoding. k, v: the new
+    positions' keys and values, already written to slots plan.start.. of the cache.
+
+    With the exact-attention kernel (`kernels.attention`): one call, the rows' key lists naming the cache
+    slots directly. Without it: one torch call per row over the cache's slots 0..start-1 and the row's
+    ancestors and itself written right after them (`RowPlan.steps`), the very call plain decoding makes."""
+    keys, values = cache.k[layer], cache.v[layer]
+    if attention.available() and attention.supports(q, keys):
+        return attention.attend(q, keys, values, plan.rows).transpose(1, 2)
+    start, (steps, restore) = plan.start, plan.steps
     out = []
-    for i, (keys, at, moved) in enumerate(plan.rows):
+    for i, (seen, at, moved) in enumerate(steps):
         if moved is not None:
             cache.write(layer, k[:, :, moved], v[:, :, moved], start + at)
-        key, value = cache.view(layer, start + keys)
+        key, value = cache.view(layer, start + seen)
         out.append(F.scaled_dot_product_attention(q[:, :, i:i + 1], key, value, enable_gqa=gqa))
-    if plan.restore:
+    if restore:
         cache.write(layer, k, v, start)
     return torch.cat(out, dim=2)
-
-
-def mask_rows(mask: torch.Tensor, start: int) -> RowPlan | None:
-    """The `RowPlan` of a mask [1, 1, n, start+n]: each row sees the whole cache and the new positions its
-    mask row allows; None when the mask cannot be met row by row (a cached slot hidden, per-batch masks)."""
-    if mask.shape[0] != 1 or not bool(mask[..., :start].all()):
-        return None
-    return RowPlan.from_paths([[j for j, seen in enumerate(row) if seen] for row in mask[0, 0, :, start:].tolist()])
 
 
 class Transformer(nn.Module):
@@ -256,8 +280,8 @@ class Transformer(nn.Module):
     @property
     def row_exact(self) -> bool:
         """True when bf16 weights run through the kernel, or the projections are quantized (q8/q4): every
-        verification forward (a chain of up to ROW_EXACT_MAX positions, a tree, a lookahead window) then gives
-        bit-identical logits to single-position forwards (`attention_plan`), so greedy speculation is exact."""
+        verification forward (a chain, a tree, a lookahead window) then gives bit-identical logits to
+        single-position forwards (`attention_plan`), so greedy speculation is exact."""
         return self.dtype in quant.FORMATS or (self.dtype == torch.bfloat16 and self.compute_dtype == torch.float32)
 
     def prefill(self, tokens: Sequence[int], cache: KVCache, hidden_layers: Sequence[int] = (),
@@ -278,17 +302,17 @@ class Transformer(nn.Module):
     def attention_plan(self, n: int, start: int, mask: torch.Tensor | None = None):
         """(mask, plan) for n new positions after `start` cached ones; `mask` [B|1, n, start+n] or None (causal).
 
-        fp32 and plain bf16: one attention call under the mask (causal by default). bf16 weights on the
-        kernel (`row_exact`): a `RowPlan` for `attend_rows`, so every verification (chains of up to ROW_EXACT_MAX
-        positions, and any explicit mask: trees, lookahead windows) gives the logits of single-position
-        forwards bit for bit; longer chains (prefill) keep one masked call."""
+        fp32 and plain bf16: one attention call under the mask (causal by default). Exact models (`row_exact`):
+        a `RowPlan` for `attend_rows`, so every forward (decoding, chains of any length, prefill, any explicit
+        mask: trees, lookahead windows) gives each position the logits of single-position forwards bit for bit.
+        Without the exact-attention kernel, chains longer than ROW_EXACT_MAX (prefill) keep one masked call."""
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # [B, 1, n, S]: one mask for all heads
-        if self.row_exact and n > 1:
-            if mask is None and n <= ROW_EXACT_MAX:
-                return None, RowPlan.chain(n)
+        if self.row_exact:
+            if mask is None and (n <= ROW_EXACT_MAX or attention.available()):
+                return None, RowPlan.causal(n, start)
             if mask is not None:
-                plan = mask_rows(mask, start)
+                plan = RowPlan.from_mask(mask, start)
                 if plan is not None:
                     return None, plan
         if mask is None and n > 1:

@@ -41,7 +41,8 @@ class Segment:
 
 def _plan(model: Transformer, s: Segment, start: int):
     """(mask, RowPlan) for one segment, as the model's own forward picks them (`Transformer.attention_plan`):
-    verification attends row by row where the model's does, so it stays bit-identical to plain decoding."""
+    exact models attend through `attend_rows` as the model's forward does, so each segment stays bit-identical
+    to plain decoding."""
     mask = None
     if s.local is not None:
         mask = torch.ones(1, len(s), start + len(s), dtype=torch.bool)
@@ -82,7 +83,7 @@ def packed_forward(model: Transformer, segments: list[Segment]) -> list[torch.Te
             vs = v[:, a:b].view(1, n, hk, hd).transpose(1, 2)
             s.cache.write(layer, ks, vs, start)
             if plan is not None:
-                att = attend_rows(qs, ks, vs, s.cache, layer, start, plan, gqa)
+                att = attend_rows(qs, ks, vs, s.cache, layer, plan, gqa)
             else:
                 keys, values = s.cache.view(layer, start + n)
                 if keys.dtype != qs.dtype:

@@ -1,0 +1,154 @@
+"""Exact attention for n query rows in one call (`attention.c`): each row's output is, bit for bit, what a
+call for that row alone gives, so a verification forward's logits equal single-position forwards'.
+
+What it does. `attend(q, keys, values, rows)` computes softmax(q·Kᵀ/√D)·V for q [B, H, n, D] against one
+layer's KV cache [B, Hk, S, D] (GQA: query head h reads KV head h // (H / Hk)), where row i attends to the
+key slots `rows` names: the cache's first `prefix[i]` slots, then a few more (a tree node's ancestors and
+itself among the new positions). The result is [B, n, H, D].
+
+Why. Greedy speculation is exact only when a position's logits do not depend on how many positions share
+the forward. The matmul kernels guarantee that per output; one torch attention call over n rows does not
+(its blocking depends on n), and one call per row costs a Python round trip per row and layer. The C
+routine fixes every (row, head)'s order of operations (see `attention.c`) and runs all of them in one call
+on torch's thread count.
+
+Worked example. A tree root -> a, b; a -> c after 5 cached positions (new positions 0..3 in slots 5..8,
+paths [[0], [0, 1], [0, 2], [0, 1, 3]]): `Rows.from_paths(paths, 5)` gives prefix [6, 7, 6, 7] and extras
+[], [], [7], [8]: c walks slots 0..6 then 8, the keys (cache, root, a, c) its single-position forward sees.
+
+Instruction sets: AVX512F (16 lanes; head dims that are multiples of 16) where the CPU has it, else AVX2 + FMA
+(`isa`); a machine always takes the same path, the two give different bits. The library is built on first
+use like the other kernels (`kernels.open_library`); without it, or with `SPECDEC_KERNEL=0`, `available()`
+is False and the model attends row by row through torch instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdec.runtime import kernels
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("attention.c")
+CFLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+MAX_HEAD_DIM = 256  # DMAX in attention.c
+ISAS = {"avx512": 2, "avx2": 1}  # best first: AVX512F (head dims that are multiples of 16), else AVX2 + FMA
+
+_lock = threading.Lock()
+_lib = None
+_state: bool | None = None
+_reason = ""
+
+
+@dataclass
+class Rows:
+    """The key slots each of n query rows sees: slots 0..prefix[i]-1, then extra[offs[i]:offs[i+1]] (ascending)."""
+
+    prefix: torch.Tensor  # [n] int64
+    offs: torch.Tensor    # [n + 1] int64
+    extra: torch.Tensor   # [offs[-1]] int64 (at least one element, so it has an address)
+
+    @property
+    def n(self) -> int:
+        return self.prefix.shape[0]
+
+    @classmethod
+    def chain(cls, n: int, start: int) -> "Rows":
+        """A causal chain of n new positions after `start` cached ones: row i sees slots 0..start+i."""
+        return cls(torch.arange(start + 1, start + n + 1), torch.zeros(n + 1, dtype=torch.long),
+                   torch.zeros(1, dtype=torch.long))
+
+    @classmethod
+    def from_paths(cls, paths: list[list[int]], start: int) -> "Rows":
+        """paths[i]: the new positions (0-based, ascending) row i sees after the cache; the leading run
+        0, 1, 2, ... of a path is part of its prefix, the rest are extra slots."""
+        prefix, offs, extra = [], [0], []
+        for path in paths:
+            run = next((j for j, p in enumerate(path) if p != j), len(path))
+            prefix.append(start + run)
+            extra.extend(start + p for p in path[run:])
+            offs.append(len(extra))
+        return cls(torch.tensor(prefix), torch.tensor(offs), torch.tensor(extra or [0]))
+
+
+def _declare(lib) -> None:
+    lib.attend.restype = ctypes.c_int
+    lib.attend.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 6
+                           + [ctypes.c_int64] * 6 + [ctypes.c_int] * 2)
+    lib.attend_supported.restype = ctypes.c_int
+    lib.attend_supported.argtypes = [ctypes.c_int]
+    if not lib.attend_supported(ISAS["avx2"]):
+        raise RuntimeError("the CPU lacks AVX2 or FMA")
+
+
+def _load():
+    global _lib, _state, _reason
+    if _state is not None:
+        return _lib
+    with _lock:
+        if _state is not None:
+            return _lib
+        try:
+            if not kernels.cpu_supported():
+                raise RuntimeError(f"the CPU lacks one of {', '.join(kernels.CPU_FLAGS)}")
+            _lib, _state = kernels.open_library(SOURCE, CFLAGS, _declare), True
+        except Exception as exc:  # no compiler, failed compile, unsupported CPU, unloadable library
+            _lib, _state, _reason = None, False, str(exc)
+            log.warning("specdec: the exact-attention kernel is unavailable (%s); attending row by row", exc)
+        return _lib
+
+
+def available() -> bool:
+    """True when the kernel is enabled (`SPECDEC_KERNEL`) and built (compiling it on first call); never raises."""
+    return kernels.enabled() and _load() is not None
+
+
+def reason() -> str:
+    """Why the kernel is unavailable ("" when it is available or untried)."""
+    return "disabled by SPECDEC_KERNEL=0" if not kernels.enabled() else _reason
+
+
+def isas() -> list[str]:
+    """The instruction sets this CPU runs the kernel on, best first ([] without the kernel)."""
+    lib = _load() if kernels.enabled() else None
+    return [name for name, code in ISAS.items() if lib is not None and lib.attend_supported(code)]
+
+
+def isa(head_dim: int) -> str:
+    """The instruction set `attend` uses for this head dim: avx512 when the CPU has it and 16 divides head_dim."""
+    return next(name for name in isas() if name != "avx512" or head_dim % 16 == 0)
+
+
+def supports(q: torch.Tensor, keys: torch.Tensor) -> bool:
+    """Whether `attend` takes these shapes and dtypes (fp32, head dim a multiple of 8 up to 256, GQA groups)."""
+    d = q.shape[-1]
+    return (q.dtype == keys.dtype == torch.float32 and d % 8 == 0 and d <= MAX_HEAD_DIM and keys.shape[-1] == d
+            and q.shape[0] == keys.shape[0] and q.shape[1] % keys.shape[1] == 0 and keys.is_contiguous())
+
+
+_best: dict[int, int] = {}  # head dim -> ISAS code, once per process (a machine always takes one path)
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: Rows,
+           threads: int | None = None, use: str | None = None) -> torch.Tensor:
+    """Attention of q [B, H, n, D] over the slots `rows` names in keys, values [B, Hk, S, D] (fp32,
+    contiguous): [B, n, H, D]. `use`: an instruction set from `isas()` (default: `isa(D)`, the best).
+    Call only when `available()` and `supports(q, keys)`."""
+    B, H, n, D = q.shape
+    code = ISAS[use] if use else _best.get(D) or _best.setdefault(D, ISAS[isa(D)])
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    out = torch.empty(B, n, H, D)
+    rc = (_lib if _state else _load()).attend(q.data_ptr(), q.stride(0), q.stride(1), q.stride(2), keys.data_ptr(), values.data_ptr(),
+                     out.data_ptr(), rows.prefix.data_ptr(), rows.offs.data_ptr(), rows.extra.data_ptr(),
+                     B, n, H, keys.shape[1], keys.shape[2], D, code, threads or torch.get_num_threads())
+    if rc:
+        raise ValueError(f"attend: head dim {D}, heads {H}/{keys.shape[1]} or {use} not supported here")
+    return out

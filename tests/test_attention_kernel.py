@@ -1,0 +1,103 @@
+"""The exact-attention kernel (`specdec.runtime.kernels.attention`): n query rows in one call give, row for row,
+the bits of a call for that row alone over its keys laid out as plain decoding lays them out (the cache, then
+its ancestors and itself in consecutive slots), for chains, trees and lookahead-style windows, with and without
+GQA, for any thread count, on every instruction set the CPU has; and the values are attention's (close to torch's)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdec.draft import Draft
+from specdec.runtime.kernels import attention
+from tests.test_exact_bf16 import check_layout, model  # noqa: F401 (the fixture)
+
+pytestmark = pytest.mark.skipif(not attention.available(), reason="the exact-attention kernel is unavailable")
+
+SHAPES = [(4, 4, 16), (9, 3, 64), (12, 2, 128), (14, 2, 80), (14, 2, 72)]  # (H, Hk, D): no GQA, SmolLM2, Qwen 1.5B,
+# D % 64 != 0 (AVX512's partial last chunk), D % 16 != 0 (AVX2 only)
+ISAS = attention.isas() if attention.available() else []
+
+
+def random_paths(n: int, g: torch.Generator, tree: bool) -> list[list[int]]:
+    """Row i sees itself and a set of earlier new positions: its ancestors under random parents (tree) or a
+    random subset (a lookahead window's rows see such sets)."""
+    paths = []
+    for i in range(n):
+        if tree:
+            parent = int(torch.randint(-1, i, (1,), generator=g)) if i else -1
+            paths.append((paths[parent] if parent >= 0 else []) + [i])
+        else:
+            paths.append([j for j in range(i) if torch.rand(1, generator=g) < 0.5] + [i])
+    return paths
+
+
+def single(q_row, k_new, v_new, keys, values, start, path, use):
+    """Row alone, as plain decoding sees it: the cache's first `start` slots, then path's keys in consecutive slots."""
+    k, v = keys.clone(), values.clone()
+    k[:, :, start:start + len(path)] = k_new[:, :, path]
+    v[:, :, start:start + len(path)] = v_new[:, :, path]
+    return attention.attend(q_row, k, v, attention.Rows.chain(1, start + len(path) - 1), 1, use)[:, 0]
+
+
+def inputs(H, Hk, D, start, n, seed, B=1):
+    g = torch.Generator().manual_seed(seed)
+    S = start + n + 8
+    keys, values = torch.randn(B, Hk, S, D, generator=g), torch.randn(B, Hk, S, D, generator=g)
+    q = torch.randn(B, n, H, D, generator=g).transpose(1, 2)  # [B, H, n, D], not contiguous, as the model's
+    return q, keys, values, g
+
+
+@pytest.mark.parametrize("H, Hk, D", SHAPES)
+@pytest.mark.parametrize("layout", ["chain", "tree", "window"])
+@pytest.mark.parametrize("threads", [1, 2, 5])
+@pytest.mark.parametrize("use", ISAS)
+def test_rows_equal_single_row_calls(H, Hk, D, layout, threads, use):
+    if use == "avx512" and D % 16:
+        pytest.skip("the AVX512 path takes head dims that are multiples of 16")
+    start, n = 70, 13  # the lists cross a 64-key block boundary
+    q, keys, values, g = inputs(H, Hk, D, start, n, seed=H + D)
+    paths = [list(range(i + 1)) for i in range(n)] if layout == "chain" else random_paths(n, g, layout == "tree")
+    rows = attention.Rows.chain(n, start) if layout == "chain" else attention.Rows.from_paths(paths, start)
+    k_new, v_new = keys[:, :, start:start + n].clone(), values[:, :, start:start + n].clone()
+    out = attention.attend(q, keys, values, rows, threads, use)
+    for i, path in enumerate(paths):
+        alone = single(q[:, :, i:i + 1], k_new, v_new, keys, values, start, path, use)
+        assert torch.equal(out[:, i], alone), (layout, i)
+        # and the values are attention's: torch over the same keys
+        slots = list(range(start)) + [start + j for j in path]
+        ref = F.scaled_dot_product_attention(q[:, :, i:i + 1], keys[:, :, slots], values[:, :, slots],
+                                             enable_gqa=H != Hk)
+        torch.testing.assert_close(out[:, i], ref[:, :, 0], rtol=1e-5, atol=1e-5)
+
+
+def test_batch_rows_are_their_own():
+    """B > 1: each batch element attends over its own cache, bit-identical to its call alone."""
+    q, keys, values, _ = inputs(9, 3, 64, 30, 5, seed=7, B=3)
+    rows = attention.Rows.chain(5, 30)
+    out = attention.attend(q, keys, values, rows)
+    for b in range(3):
+        assert torch.equal(out[b:b + 1], attention.attend(q[b:b + 1], keys[b:b + 1], values[b:b + 1], rows))
+
+
+def test_the_best_instruction_set_is_taken():
+    assert ISAS[-1] == "avx2" and attention.isa(64) == ISAS[0] and attention.isa(72) == "avx2"
+
+
+def test_unsupported_shapes_are_refused():
+    q, keys, _, _ = inputs(4, 4, 16, 4, 2, seed=1)
+    assert attention.supports(q, keys)
+    assert not attention.supports(q[..., :12], keys[..., :12])  # head dim not a multiple of 8
+    assert not attention.supports(q.double(), keys.double())
+    assert not attention.supports(q[:, :3], keys)  # 3 query heads on 4 KV heads
+
+
+def test_long_chain_verifies_bit_identically(model):  # noqa: F811
+    """A chain longer than the torch fallback's ROW_EXACT_MAX (32) is exact too: the kernel has no limit."""
+    check_layout(model, Draft.chain([(7 * i) % 60 + 3 for i in range(40)]), root=12)
+
+
+def test_torch_fallback_stays_exact(model, monkeypatch):  # noqa: F811
+    """Without the kernel the model attends row by row through torch (`RowPlan.steps`), still bit-identical."""
+    from specdec.drafters.lookahead import trie
+    monkeypatch.setattr(attention, "available", lambda: False)
+    check_layout(model, trie([(20, 21, 22), (20, 23, 24), (30, 31, 32)], 3), root=17)
