@@ -297,13 +297,46 @@ def test_the_loop_samples_like_plain_sampling(env, tree):
 
 # --- loading ----------------------------------------------------------------------------------------
 
-def test_heads_for_another_target_are_refused(env, tmp_path):
+def test_heads_for_another_target_are_refused(env, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
     env["head"].save(tmp_path / "h")
-    llm = SimpleNamespace(name="tiny", folder=env["folder"], model=env["target"])
-    assert find_head(llm, tmp_path / "h").cfg == env["head"].cfg
-    other = save_tiny("llama", tmp_path / "other", seed=1)
-    foreign = SimpleNamespace(name="tiny-1", folder=other, model=load_transformer(other))
+    assert find_head("tiny", env["folder"], env["target"].cfg, tmp_path / "h").cfg == env["head"].cfg
+    other = save_tiny("llama", tmp_path / "other", seed=1)  # same shapes, other weights: the fingerprint differs
     with pytest.raises(SpecdecError, match="built for 'tiny'.*not for 'tiny-1'.*specdec train eagle --model tiny-1"):
-        find_head(foreign, tmp_path / "h")
+        find_head("tiny-1", other, env["target"].cfg, tmp_path / "h")
+    llm = SimpleNamespace(name="tiny-1", folder=other, model=env["target"])
     with pytest.raises(SpecdecError, match="no eagle heads for tiny-1.*specdec train eagle --model tiny-1"):
-        build(SimpleNamespace(name="tiny-1", folder=other, model=foreign.model))
+        build(llm)
+
+
+def test_export_then_import_drafts_the_same(env, tmp_path, monkeypatch, capsys):
+    """`specdec export eagle` writes the vLLM/SGLang layout; `--heads` of that folder, with our "specdec" block
+    or without it (as a published head), drafts exactly what the original head drafts; generate runs on it."""
+    import json
+
+    from specdec.cli import main
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    env["head"].save(tmp_path / "mine")
+    assert main(["export", "eagle", "--model", str(env["folder"]), "--heads", str(tmp_path / "mine"),
+                 "--out", str(tmp_path / "out")]) == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == DRAFT_VOCAB
+    published = tmp_path / "published"
+    published.mkdir()
+    (published / "model.safetensors").write_bytes((tmp_path / "out" / "model.safetensors").read_bytes())
+    (published / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "specdec"}))
+    tokens = encode(env, "the cat sat")
+    want = eagle(env, nodes=10).propose(context_for(env, tokens), 4)
+    for folder in (tmp_path / "out", published):
+        head = find_head(str(env["folder"]), env["folder"], env["target"].cfg, folder)
+        got = Eagle(head, env["target"].embed, nodes=10).propose(context_for(env, tokens), 4)
+        assert torch.equal(got.tokens, want.tokens) and torch.equal(got.parents, want.parents)
+    capsys.readouterr()
+    gen = ["generate", "the cat", "--model", str(env["folder"]), "--method", "eagle", "--heads", str(published),
+           "--tree-nodes", "5", "--k", "3", "--max-new-tokens", "8", "--json"]
+    assert main(gen) == 0
+    assert max(json.loads(capsys.readouterr().out)["drafted_per_round"]) == 5
+    other = save_tiny("llama", tmp_path / "other", seed=1)
+    assert main(["generate", "x", "--model", str(other), "--method", "eagle"]) == 2
+    assert "specdec train eagle" in capsys.readouterr().err

@@ -35,6 +35,7 @@ from specdec.drafters.base import Context, Drafter
 from specdec.drafters.eagle_head import EagleHead
 from specdec.drafters.medusa import TreeLayout, calibrated_paths, chain
 from specdec.errors import SpecdecError
+from specdec.runtime.config import ModelConfig
 from specdec.sampling import probs_from_logits, sample
 
 KIND = "eagle"
@@ -207,14 +208,14 @@ class Eagle(Drafter):
         return Draft.chain(self._vocab_ids[torch.tensor(tokens)], q)
 
 
-def find_head(llm, heads_dir: str | None = None) -> EagleHead:
-    """The EAGLE head for an `LLM`: `--heads DIR` (ours or a published EAGLE-3 folder), else the store's, else
-    the package's; refused with one line when it was built for another target."""
+def find_head(name: str, folder, target: ModelConfig, heads_dir: str | None = None) -> EagleHead:
+    """The EAGLE head for the target `name` (model folder, config): `--heads DIR` (ours or a published EAGLE-3
+    folder), else the store's, else the package's; refused with one line when built for another target."""
     from specdec.training import heads as store
 
-    folder = store.find(llm.name, KIND, heads_dir)
-    head = EagleHead.load(folder, llm.model.cfg.num_layers)
-    head.cfg.check_target(llm.model.cfg, llm.name, store.fingerprint(llm.folder))
+    found = store.find(name, KIND, heads_dir)
+    head = EagleHead.load(found, target.num_layers)
+    head.cfg.check_target(target, name, store.fingerprint(folder))
     return head
 
 
@@ -227,7 +228,7 @@ def build(llm, heads_dir: str | None = None, tree: str = "auto", tree_nodes: int
         raise SpecdecError(f"--tree {tree}: EAGLE drafts a dynamic (the default), static or chain tree")
     if tree_nodes is not None and tree_nodes < 1:
         raise SpecdecError(f"--tree-nodes must be at least 1, got {tree_nodes}")
-    head = find_head(llm, heads_dir)
+    head = find_head(llm.name, llm.folder, llm.model.cfg, heads_dir)
     nodes = tree_nodes or (DEPTH if tree == "chain" else max(llm.budget() - 1, MIN_NODES))
     alpha = head.cfg.training.get("val_alpha") or [0.6]
     return Eagle(head, llm.model.embed, tree=tree, nodes=nodes, prior_alpha=float(min(alpha[0], 0.95)))
