@@ -340,3 +340,22 @@ def test_export_then_import_drafts_the_same(env, tmp_path, monkeypatch, capsys):
     other = save_tiny("llama", tmp_path / "other", seed=1)
     assert main(["generate", "x", "--model", str(other), "--method", "eagle"]) == 2
     assert "specdec train eagle" in capsys.readouterr().err
+
+
+def test_eagle_as_a_hybrid_source(env):
+    """Rounds drafted by prompt lookup still hand their committed features to EAGLE for its next proposal."""
+    from specdec.drafters.hybrid import Hybrid
+    from specdec.drafters.prompt_lookup import PromptLookup
+
+    ids = encode(env, "the cat sat on the mat. the cat sat on")
+    plain = run(env, ids, max_new_tokens=40)
+    d = Recorder(env["oracle"], env["target"].embed, tree="dynamic", nodes=8, topk=2)
+    d.seen = []
+    h = Hybrid([PromptLookup(), d])
+    assert h.wants_hidden_layers == env["head"].cfg.aux_layers
+    spec = run(env, ids, h, FixedK(4), max_new_tokens=40)
+    assert spec.token_ids == plain.token_ids
+    stats = h.stats()
+    assert stats["eagle"]["accepted"] > 0 and stats["prompt-lookup"]["rounds"] > 0
+    for tokens, hidden, _ in d.seen:
+        torch.testing.assert_close(hidden, fresh_root(env, tokens)[1], atol=1e-4, rtol=1e-4)
