@@ -46,6 +46,13 @@ MIN_NODES = 4      # the smallest tree the probe's budget may choose
 STATIC_PRIOR = [0.6, 0.15, 0.08, 0.05, 0.03]  # static tree: assumed acceptance of a node by its rank
 
 
+def top_logprobs(logits: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The n best log-probabilities of logits [Vd] and their indices (topk less the logsumexp: no full
+    log-softmax over the draft vocabulary)."""
+    top = logits.topk(min(n, logits.shape[-1]))
+    return top.values - logits.logsumexp(-1), top.indices
+
+
 class Eagle(Drafter):
     """Drafts from an EAGLE head. `embed`: the target's token embedding (a module, token ids -> [.., D])."""
 
@@ -128,59 +135,60 @@ class Eagle(Drafter):
             self.cache.rewind(self.cache.length - committed)
 
     @torch.inference_mode()
-    def _step(self, tokens: torch.Tensor, hidden: torch.Tensor, position: int, seen: list[list[int]]):
-        """One head forward over F draft entries at one position: entry i sees the committed cache and the
-        draft slots seen[i] (its ancestors and itself). Returns logits [F, Vd], hidden [F, D], their slots."""
+    def _step(self, tokens: list[int], hidden: torch.Tensor, position: int, seen: list[list[int]]):
+        """One head forward over F draft entries (draft ids `tokens`, hidden [F, D]) at one position, written
+        after the cache's content: entry i sees the committed entries and the slots seen[i] (its ancestors
+        and itself). Returns logits [F, Vd], hidden [F, D]."""
         start, f = self.cache.length, len(tokens)
         mask = torch.zeros(1, f, start + f, dtype=torch.bool)
         mask[0, :, :self.committed] = True
         for i, slots in enumerate(seen):
             mask[0, i, slots] = True
-        logits, h = self.head(self._emb(tokens)[None], hidden[None], torch.full((1, f), position), self.cache, mask)
-        return logits[0], h[0], list(range(start, start + f))
+        logits, h = self.head(self._emb(torch.tensor(tokens))[None], hidden[None], torch.full((1, f), position),
+                              self.cache, mask)
+        return logits[0], h[0]
 
     def _tree(self, depth: int) -> Draft:
         """A dynamic or static tree `depth` deep (see the module docstring)."""
         self.committed = self.cache.length
         dynamic = self.layout is None
-        logp = torch.log_softmax(self.root[0], -1)
         ranks = self.topk if dynamic else self.layout.ranks
-        top = logp.topk(min(ranks, len(logp)))
-        # the pool of drafted nodes: draft token, parent (-1: the root), score, rank path, head slot, hidden
+        # the pool of drafted nodes, parents first: draft token, parent (-1: the root), score, rank path
         tok, par, score, path = [], [], [], []
-        for r in range(len(top.indices)):
-            if dynamic or (r,) in self.paths:
-                tok.append(int(top.indices[r])), par.append(-1), score.append(float(top.values[r])), path.append((r,))
-        slot, hid = {}, {-1: self.root[1]}
-        level = list(range(len(tok)))
+        slot, hid = {}, {-1: self.root[1]}  # expanded nodes: head-cache slot, output hidden
+
+        def add_children(parent: int, logits: torch.Tensor) -> list[int]:
+            values, ids = top_logprobs(logits, ranks)
+            above, prefix = (score[parent], path[parent]) if parent >= 0 else (0.0, ())
+            new = []
+            for r, (v, t) in enumerate(zip(values.tolist(), ids.tolist())):
+                if dynamic or prefix + (r,) in self.paths:
+                    new.append(len(tok))
+                    tok.append(t), par.append(parent), score.append(above + v), path.append(prefix + (r,))
+            return new
+
+        def ancestors(i: int) -> list[int]:
+            out, j = [], par[i]
+            while j >= 0:
+                out.append(slot[j])
+                j = par[j]
+            return out
+
+        level = add_children(-1, self.root[0])
         for d in range(1, depth):
-            if dynamic:
+            if dynamic:  # EAGLE-2: expand the best nodes of the newest depth
                 grow = sorted(level, key=lambda i: -score[i])[:self.topk]
-            else:
+            else:        # static: the nodes the layout gives children
                 grow = [i for i in level if any(path[i] + (r,) in self.paths for r in range(ranks))]
             if not grow:
                 break
-            seen = []
-            for i in grow:
-                chain_, j = [], par[i]
-                while j >= 0:
-                    chain_.append(slot[j])
-                    j = par[j]
-                seen.append(chain_)
             base = self.cache.length
-            seen = [s + [base + n] for n, s in enumerate(seen)]
-            logits, h, slots = self._step(torch.tensor([tok[i] for i in grow]),
-                                          torch.stack([hid[par[i]] for i in grow]), self.committed + d - 1, seen)
-            child = torch.log_softmax(logits, -1).topk(min(ranks, logits.shape[-1]))
+            logits, h = self._step([tok[i] for i in grow], torch.stack([hid[par[i]] for i in grow]),
+                                   self.committed + d - 1, [ancestors(i) + [base + n] for n, i in enumerate(grow)])
             level = []
             for n, i in enumerate(grow):
-                slot[i], hid[i] = slots[n], h[n]
-                for r in range(child.indices.shape[1]):
-                    p = path[i] + (r,)
-                    if dynamic or p in self.paths:
-                        level.append(len(tok))
-                        tok.append(int(child.indices[n, r])), par.append(i)
-                        score.append(score[i] + float(child.values[n, r])), path.append(p)
+                slot[i], hid[i] = base + n, h[n]
+                level += add_children(i, logits[n])
         keep = list(range(len(tok)))
         if dynamic and len(keep) > self.budget:  # rerank: the best N by score (ties: parents, drafted first)
             order = torch.sort(torch.tensor(score), descending=True, stable=True).indices[:self.budget]
@@ -201,7 +209,7 @@ class Eagle(Drafter):
             tokens.append(t), qs.append(q)
             if d + 1 < depth:
                 slots.append(self.cache.length)
-                out, hs, _ = self._step(torch.tensor([t]), h[None], self.committed + d, [list(slots)])
+                out, hs = self._step([t], h[None], self.committed + d, [list(slots)])
                 logits, h = out[0], hs[0]
         q = torch.zeros(depth, self.head.cfg.vocab_size)
         q[:, self._vocab_ids] = torch.stack(qs)
