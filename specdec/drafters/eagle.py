@@ -238,5 +238,5 @@ def build(llm, heads_dir: str | None = None, tree: str = "auto", tree_nodes: int
         raise SpecdecError(f"--tree-nodes must be at least 1, got {tree_nodes}")
     head = find_head(llm.name, llm.folder, llm.model.cfg, heads_dir)
     nodes = tree_nodes or (DEPTH if tree == "chain" else max(llm.budget() - 1, MIN_NODES))
-    alpha = head.cfg.training.get("val_alpha") or [0.6]
+    alpha = (head.cfg.training.get("val") or {}).get("alpha") or [0.6]  # validation alpha per depth (training)
     return Eagle(head, llm.model.embed, tree=tree, nodes=nodes, prior_alpha=float(min(alpha[0], 0.95)))
