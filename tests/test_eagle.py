@@ -1,6 +1,6 @@
 """EAGLE drafting on tiny models: the head stays in step with the committed tokens (features handed over,
 draft entries rolled back), EAGLE-2 dynamic trees rerank to N nodes, no token outside the draft vocabulary
-is drafted, greedy output equals plain decoding (fp32 and bf16 on the kernel), sampled output is exact
+is drafted, greedy output equals plain decoding (fp32; bf16 on the kernel, q8, q4), sampled output is exact
 (enumeration, with a broken-residual control; the loop's histogram for the sampled chain), heads for
 another target are refused."""
 
@@ -217,10 +217,14 @@ def test_greedy_equals_plain(env, tree):
                 assert spec.mean_accepted > 1.4
 
 
-@pytest.mark.skipif(not kernels.available(), reason="the bf16 kernel is unavailable")
-def test_greedy_equals_plain_bf16(tmp_path):
-    folder = save_tiny("qwen2", tmp_path, seed=0)
-    target = load_transformer(folder, torch.bfloat16)
+@pytest.mark.parametrize("dtype", ["bf16", "q8", "q4"])
+def test_greedy_equals_plain_row_exact(tmp_path, monkeypatch, dtype):
+    """bf16 on the kernel and q8/q4: the tree verification forward is bit-identical to plain steps."""
+    if dtype == "bf16" and not kernels.available():
+        pytest.skip("the bf16 kernel is unavailable")
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    folder = save_tiny("qwen2", tmp_path / "m", seed=0)
+    target = load_transformer(folder, torch.bfloat16 if dtype == "bf16" else dtype)
     assert target.row_exact
     e = dict(target=target, tok=Tokenizer(folder))
     torch.manual_seed(0)
