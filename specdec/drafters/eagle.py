@@ -110,11 +110,12 @@ class Eagle(Drafter):
         if rows is None:
             return
         m = len(rows)
+        slots = len(ctx.tokens) + ctx.remaining + self.k_max * max(self.topk, self.budget)  # + a tree's entries
         if self.cache is None:
-            self.cache = self.head.new_cache(len(ctx.tokens) + ctx.remaining + DEPTH * TOPK + 1)
+            self.cache = self.head.new_cache(slots)
         if self.cache.length != start:
             raise RuntimeError(f"EAGLE: features start at position {start}, the head holds {self.cache.length}")
-        self.cache.grow(start + m + self.k_max * self.topk + 1)
+        self.cache.grow(slots)  # once per request at most: the context plus what it may still commit is fixed
         tokens = torch.tensor(ctx.tokens[start + 1:start + m + 1])
         emb = self.embed(tokens).float()
         logits, h = self.head(emb[None], self.head.fuse(rows.float())[None], torch.arange(start, start + m)[None],
