@@ -42,7 +42,7 @@ the target's (and `norm` from its final norm), which training may keep frozen (`
 Worked example (a tiny target: D = 64, 3 layers, V = 96; a head with Vd = 32):
 
     cfg = EagleConfig.for_target(target.cfg, "tiny", fingerprint, version=3, draft_vocab_size=32)
-    head = EagleHead(cfg)                                  # aux_layers (1, 0, 0) for L = 3 -> clamped, see below
+    head = EagleHead(cfg)                                  # aux_layers (1, 0, 0): (1, L//2-1, L-4) clamped
     out = target(tokens, cache, hidden_layers=cfg.aux_layers)
     fused = head.fuse(torch.cat([out.hidden[i] for i in cfg.aux_layers], -1))   # [1, n, 64]
     emb = target.embed(next_tokens)                        # x_{t+1} for each t
