@@ -326,6 +326,11 @@ def test_export_then_import_drafts_the_same(env, tmp_path, monkeypatch, capsys):
                  "--out", str(tmp_path / "out")]) == 0
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == DRAFT_VOCAB
+    from transformers import AutoConfig  # what vLLM and SGLang parse config.json with
+
+    hf = AutoConfig.from_pretrained(tmp_path / "out")
+    assert (hf.model_type, hf.num_hidden_layers, hf.hidden_size, hf.vocab_size) == ("llama", 1, 64, VOCAB)
+    assert hf.draft_vocab_size == DRAFT_VOCAB and hf.eagle_config["eagle_aux_hidden_state_layer_ids"] == [1, 0, 0]
     published = tmp_path / "published"
     published.mkdir()
     (published / "model.safetensors").write_bytes((tmp_path / "out" / "model.safetensors").read_bytes())
