@@ -202,7 +202,7 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
             mask = torch.ones(1, 1 + n + m, start + 1 + n + m, dtype=torch.bool)
             mask[0, :, start:] = local
         out = None
-        if n and simple and hasattr(drafter, "verify_forward") and not feature_layers:  # LayerSkip: reuse the draft's work
+        if n and simple and hasattr(drafter, "verify_forward") and not feature_layers:  # LayerSkip: reuse draft work
             out = drafter.verify_forward(model, cache, inputs)
         out = out or model(inputs, cache, positions=positions, mask=mask, hidden_layers=hidden_layers)
         logits = out.logits[0]  # [1+n+m, V]
