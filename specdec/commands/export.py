@@ -6,7 +6,7 @@
 The folder holds config.json (architectures ["LlamaForCausalLMEagle3"], the target's layer widths,
 draft_vocab_size, the aux layer ids as both loaders read them) and model.safetensors (fc, midlayer.*, norm,
 lm_head, d2t, t2d; `specdec.drafters.eagle_head`). Serve it next to the same target, e.g. with vLLM:
-    vllm serve HuggingFaceTB/SmolLM2-135M-Instruct \
+    vllm serve HuggingFaceTB/SmolLM2-135M-Instruct \\
         --speculative-config '{"method": "eagle3", "model": "smollm2-eagle3", "num_speculative_tokens": 4}'
 `--heads DIR` of `specdec generate --method eagle` reads the folder back.
 """
