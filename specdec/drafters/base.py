@@ -10,7 +10,7 @@ round becomes a plain decoding step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +30,24 @@ class Context:
     target_cache: KVCache | None = None  # the target's cache (every token but the last): early exit drafts on it
     hidden: torch.Tensor | None = None  # [D] the target's last hidden state (after the final norm) at the last
     #                                     accepted position, from the verify pass, for drafters with wants_hidden
+    features: list[torch.Tensor] = field(default_factory=list)  # for drafters with wants_hidden_layers (EAGLE):
+    #                                     the outputs of those A target layers, concatenated [m_i, A*D], at the
+    features_start: int = 0             # committed positions features_start onwards not yet taken (`take_features`)
+
+    def add_features(self, hidden: dict, layers, index) -> None:
+        """Append the features of newly committed positions: hidden[l][0, index] of each layer l, concatenated."""
+        self.features.append(torch.cat([hidden[l][0, index] for l in layers], dim=-1))
+
+    def take_features(self) -> tuple[int, torch.Tensor | None]:
+        """(position of the first row, the rows [m, A*D]) of the features not yet taken, or (start, None); they
+        are taken. Example: a 5-token prompt, then a round accepting 2 drafts: (0, rows for positions 0..3)
+        after prefill, then (4, rows for 4..6): the root (position 4) and the two accepted drafts."""
+        start = self.features_start
+        if not self.features:
+            return start, None
+        rows = torch.cat(self.features) if len(self.features) > 1 else self.features[0]
+        self.features, self.features_start = [], start + len(rows)
+        return start, rows
 
 
 @dataclass
@@ -74,6 +92,7 @@ class Drafter:
     name = "drafter"
     deterministic = True          # q is None: rejection sampling uses q one-hot on the drafted token
     wants_hidden = False          # True: the loop asks the target for its last hidden state (Context.hidden)
+    wants_hidden_layers: tuple[int, ...] = ()  # target layers whose outputs the loop hands over (Context.features)
 
     def propose(self, ctx: Context, k: int) -> Draft:
         raise NotImplementedError
