@@ -26,28 +26,34 @@ from specdec.drafters import METHODS  # noqa: F401 - specdec.api.METHODS, read b
 from specdec.drafters.base import Drafter
 from specdec.options import (NEEDS_DRAFT, GenerationOptions, LookaheadConfig, OptionError, check_exit_layer,
                              check_k, check_method, check_prompt, check_setup)
-from specdec.runtime.loader import load_transformer, resolve_dtype
+from specdec.runtime.loader import load_transformer, resolve_device, resolve_dtype
 from specdec.tokenizer import Tokenizer
+
+
+ON_HOST_ONLY = ("medusa", "eagle")  # drafters whose heads run on the host's CPU only
 
 
 class LLM:
     """A loaded model and its tokenizer; drafters are built on first use. `draft`: the draft model for
     method "draft"; `datastore`: retrieval's folder; `exit_layer`: early exit's layer or "auto";
     `sources`: hybrid's drafters in order; `lookahead`: a `LookaheadConfig` (or "auto", or the older
-    tuple (W, N, G[, pool])). These settings are checked before the model loads."""
+    tuple (W, N, G[, pool])); `device`: "cpu" or "cuda[:N]" (the weights and KV cache on a GPU, torch's
+    kernels; the loop, drafts and sampling stay on the host). These settings are checked before the model
+    loads."""
 
     def __init__(self, model: str = "smollm2-135m", dtype: str | None = None, pull: bool = True,
                  draft: str | None = None, datastore: str | None = None, exit_layer: int | str = "auto",
                  sources: Sequence[str] | str = ("prompt-lookup", "draft"),
                  lookahead: LookaheadConfig | str | tuple = "auto", heads: str | None = None, tree: str = "auto",
-                 tree_nodes: int | None = None):
+                 tree_nodes: int | None = None, device: str = "cpu"):
         from specdec.store import resolve
 
         check_setup(draft=draft, sources=sources, exit_layer=exit_layer, lookahead=lookahead)
+        self.device = resolve_device(device)
         self.name = model
         self.folder: Path = resolve(model, pull=pull)
-        self.dtype: torch.dtype | str = resolve_dtype(dtype, self.folder)
-        self.model = load_transformer(self.folder, self.dtype)
+        self.dtype: torch.dtype | str = resolve_dtype(dtype, self.folder, self.device)
+        self.model = load_transformer(self.folder, self.dtype, self.device)
         self.tokenizer = Tokenizer(self.folder)
         self.draft_name = draft
         self.datastore = datastore
@@ -67,6 +73,9 @@ class LLM:
     def drafter(self, method: str) -> Drafter | None:
         if check_method(method) == "plain":
             return None
+        if method in ON_HOST_ONLY and self.device.type != "cpu":
+            raise OptionError(f"--method {method} runs on --device cpu only for now (its heads are host code); "
+                              f"on {self.device} use plain, draft, prompt-lookup, retrieval, early-exit, lookahead or hybrid")
         if method == "prompt-lookup":
             from specdec.drafters.prompt_lookup import PromptLookup
 
@@ -117,7 +126,7 @@ class LLM:
         if self._draft is None:
             folder = resolve(self.draft_name, pull=True)
             shared = check_same_tokenizer(self.tokenizer, Tokenizer(folder))
-            model = load_transformer(folder, self.dtype)
+            model = load_transformer(folder, self.dtype, self.device)
             weights = model.num_weights() / self.model.num_weights()
             self._draft = DraftModel(model, self.model.cfg.vocab_size, shared, tau_prior=weights)
         return self._draft
@@ -162,9 +171,9 @@ class LLM:
         """The verify-cost curve from `specdec probe` (cached per model and dtype); when none is cached,
         measured now if `measure`, else a mild default."""
         if self._cost is None or (measure and not self._cost_measured):
-            from specdec.probe import load_cached, probe, save
+            from specdec.probe import dtype_key, load_cached, probe, save
 
-            result = load_cached(self.name, str(self.dtype).replace("torch.", ""))
+            result = load_cached(self.name, dtype_key(self.model))
             if result is None and measure:
                 print(f"specdec: measuring the forward-cost curve of {self.name} once (`specdec probe`)",
                       file=sys.stderr)

@@ -34,6 +34,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from specdec.probe import dtype_key
+
 DEFAULT_PROMPTS = (
     "Explain in a few sentences why the sky is blue.",
     "Write a Python function that checks whether a string is a palindrome, with a docstring and two examples.",
@@ -167,7 +169,7 @@ def measure_exit_layers(llm, prompts: Sequence[str | Sequence[int]] = DEFAULT_PR
     plain = runs["plain"]
     plain_tps = sum(r.new_tokens for r in plain) / sum(r.seconds for r in plain)
     plain_step = sum(r.target_seconds for r in plain) / max(sum(r.target_forwards for r in plain), 1)
-    report = ExitLayerReport(model=llm.name, dtype=str(model.dtype).replace("torch.", ""), num_layers=n_layers,
+    report = ExitLayerReport(model=llm.name, dtype=dtype_key(model), num_layers=n_layers,
                              k=k, max_new_tokens=max_new_tokens, prompts=len(ids), threads=torch.get_num_threads(),
                              reuse=reuse, verify_cost=verify_cost, plain_tokens_per_s=plain_tps)
     for L in layers:
@@ -210,7 +212,7 @@ def load_cached(name: str, dtype: str) -> ExitLayerReport | None:
 
 
 def cached_report(llm) -> ExitLayerReport | None:
-    return load_cached(llm.name, str(llm.model.dtype).replace("torch.", ""))
+    return load_cached(llm.name, dtype_key(llm.model))
 
 
 def best_exit_layer(llm, measure: bool = True, progress: Callable[[str], None] | None = None,

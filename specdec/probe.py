@@ -188,6 +188,13 @@ def probe(model: Transformer, name: str = "", context: int = 256, sizes=SIZES, r
     return result
 
 
+def dtype_key(model: Transformer) -> str:
+    """The name a model's probe is cached under beside its own: its dtype ("bf16", "q4"), with the device
+    when that is not the CPU ("bf16@cuda"), so a GPU's curve never stands in for a CPU's."""
+    name = str(model.dtype).replace("torch.", "")
+    return name if model.device.type == "cpu" else f"{name}@{model.device.type}"
+
+
 def measure(model: Transformer, name: str = "", context: int = 256, sizes=SIZES, repeats: int = 5,
             tolerance: float = 0.10, progress=None) -> ProbeResult:
     from specdec.bench.report import cpu_flags, cpu_model
@@ -220,7 +227,7 @@ def measure(model: Transformer, name: str = "", context: int = 256, sizes=SIZES,
     budget = max(n for n in sizes if relative[n] <= 1 + tolerance)
     wbytes = weight_bytes_per_step(model)
     bw = measure_bandwidth()
-    return ProbeResult(model=name, dtype=str(model.dtype).replace("torch.", ""), context=context, seconds=seconds,
+    return ProbeResult(model=name, dtype=dtype_key(model), context=context, seconds=seconds,
                        relative=relative, budget=budget, weight_bytes=wbytes, bandwidth_gbs=bw,
                        bound_seconds=wbytes / (bw * 1e9), threads=torch.get_num_threads(),
                        load=load.share(), matmul=matmul_path(model), prefill_tokens_per_s=prefill,

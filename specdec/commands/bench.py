@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    from specdec.commands.generate import DTYPE_HELP, DTYPES, add_lookahead_args, add_medusa_args, parse_k
+    from specdec.commands.generate import DEVICE_HELP, DTYPE_HELP, DTYPES, add_lookahead_args, add_medusa_args, parse_k
 
     p = sub.add_parser(
         "bench", help="benchmark decoding methods on prompt sets (Spec-Bench, HumanEvalFix)",
@@ -63,6 +63,8 @@ def register(sub) -> None:
                    help=DTYPE_HELP + "; HF runs the same weights in the same dtype (bf16 for q8/q4)")
     p.add_argument("--k", type=parse_k, default="auto", metavar="auto|N",
                    help="draft length: auto (adaptive, the default) or a fixed N")
+    p.add_argument("--device", default="cpu", metavar="cpu|cuda[:N]", help=DEVICE_HELP + " (--compare-hf and "
+                   "--compare-llamacpp run on cpu only)")
     add_lookahead_args(p)
     add_medusa_args(p, acceptance=False)  # benchmarks verify exactly
     p.add_argument("--compare-hf", action="store_true",
@@ -99,6 +101,8 @@ def command_line(args) -> str:
         parts += ["--limit", str(args.limit)]
     parts += ["--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
               "--top-p", str(args.top_p), "--seed", str(args.seed), "--dtype", args.dtype, "--k", str(args.k)]
+    if args.device != "cpu":
+        parts += ["--device", args.device]
     for flag in ("heads", "tree", "tree_nodes"):
         if getattr(args, flag, None) not in (None, "auto"):
             parts += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
@@ -123,6 +127,8 @@ def run(args) -> int:
                       seed=args.seed, k=args.k)  # the same checks as generate, before anything loads
     if args.compare_llamacpp and args.temperature > 0:
         raise ValueError("--compare-llamacpp runs greedy only: drop --temperature")
+    if args.device != "cpu" and (args.compare_hf or args.compare_llamacpp):
+        raise ValueError("--compare-hf and --compare-llamacpp run on the CPU: drop them or use --device cpu")
     methods = runner.parse_methods(args.methods)
     for method in methods:
         check_setup(draft=args.draft, lookahead=lookahead_arg(args), method=method)
@@ -137,7 +143,7 @@ def run(args) -> int:
         resolve(args.draft, pull=True)  # an unknown draft model fails now, not after loading the target
     from specdec.commands.generate import medusa_kwargs
 
-    llm = LLM(args.model, dtype=args.dtype, draft=args.draft, datastore=args.datastore,
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, draft=args.draft, datastore=args.datastore,
               lookahead=lookahead_arg(args), **medusa_kwargs(args))
     dtype = str(llm.dtype).replace("torch.", "")
     settings = runner.BenchSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,

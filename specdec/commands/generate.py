@@ -15,11 +15,17 @@ DTYPE_HELP = ("weights: bf16 (bf16 weights through specdec's kernel with fp32 su
               "cached); auto (default) = bf16 when either works, else fp32")
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+DEVICE_HELP = ("cpu (default) or cuda[:N]: the weights and KV cache on a GPU through torch's kernels (bf16 or "
+               "fp32; auto = bf16), the loop, drafts and sampling on the host; medusa and eagle run on cpu only")
+
+
+def add_model_args(p: argparse.ArgumentParser, device: bool = True) -> None:
     p.add_argument("--model", default="smollm2-135m",
                    help="known model name (see `specdec models`), a Hugging Face folder or a .gguf file "
                         "(default: smollm2-135m)")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
+    if device:
+        p.add_argument("--device", default="cpu", metavar="cpu|cuda[:N]", help=DEVICE_HELP)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -167,7 +173,7 @@ def run(args) -> int:
 
     from specdec.api import LLM
 
-    llm = LLM(args.model, dtype=args.dtype, datastore=args.datastore, **setup, **medusa_kwargs(args))
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, datastore=args.datastore, **setup, **medusa_kwargs(args))
     result = None
     for chunk in llm.chunks(prompt, **kwargs):
         if not args.json and chunk.text:

@@ -18,7 +18,7 @@ def register(sub) -> None:
                                    "The result is cached per model and dtype for adaptive k and the scheduler, and "
                                    "measured again when the kernel or CPU changes, when it was taken under load, "
                                    "or when its curve is implausible.")
-    add_model_args(p)
+    add_model_args(p, device=False)  # the probe measures this CPU
     p.add_argument("--repeats", type=int, default=5, help="timed runs per size (median; default 5)")
     p.add_argument("--paths", choices=["all", "used"], default="all",
                    help="bf16: also measure every other matmul path this CPU has (all, the default: the kernel's "

@@ -17,7 +17,7 @@ def register(sub) -> None:
                                    "measured acceptance, only as far as the idle compute the batch leaves pays for it "
                                    "(--budget), interactive requests first. Ctrl-C stops it (in-flight requests get a "
                                    "few seconds to finish, then are cancelled).")
-    add_model_args(p)
+    add_model_args(p, device=False)  # the batched forward runs on the CPU
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
     p.add_argument("--speculation", default="auto", choices=["auto", "always", "never"],

@@ -17,10 +17,10 @@ import torch
 
 class KVCache:
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         shape = (batch, num_kv_heads, max_len, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.max_len = max_len
         self.length = 0
 
@@ -76,6 +76,7 @@ class KVCache:
         src = keep + base
         dst = torch.arange(base, base + len(keep))
         if not torch.equal(src, dst):
+            src, dst = src.to(self.k[0].device), dst.to(self.k[0].device)
             for kk, vv in zip(self.k, self.v):
                 kk[:, :, dst] = kk[:, :, src]
                 vv[:, :, dst] = vv[:, :, src]

@@ -49,11 +49,39 @@ def gguf_is_q4(folder: str | Path | None) -> bool:
     return 2 * q4 > sum(v for t, v in types.items() if t != "F32")  # F32: norms and biases
 
 
-def resolve_dtype(name: str | None, folder: str | Path | None = None) -> torch.dtype | str:
+DEVICES = ("cpu", "cuda")  # what --device accepts ("cuda:N" picks a GPU)
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """`--device`: "cpu" (the default) or "cuda"/"cuda:N", torch's own kernels on a GPU. One clear error when
+    the name is unknown or torch sees no such GPU."""
+    name = (name or "cpu").strip().lower()
+    kind, _, index = name.partition(":")
+    if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
+        raise SpecdecError(f"unknown device {name!r}: choose cpu, cuda or cuda:N")
+    if kind == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise SpecdecError(f"--device {name}: torch sees no CUDA GPU (torch {torch.__version__}, "
+                               "built with CUDA: " + ("yes" if torch.version.cuda else "no") + "); use --device cpu")
+        if index and int(index) >= count:
+            raise SpecdecError(f"--device {name}: torch sees {count} GPU(s), numbered 0..{count - 1}")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str | None, folder: str | Path | None = None,
+                  device: torch.device | str = "cpu") -> torch.dtype | str:
     """`None`/"auto": q4 for a model whose GGUF file holds 4-bit blocks, where the integer kernels run (its
     own precision: the blocks load losslessly, so the quality is the file's); else bf16 where the CPU has
     bf16 matmuls or the bf16 skinny-GEMM kernel works, else fp32. Says on stderr when it picks q4.
-    "q8" / "q4" are returned as they are (quantized projections)."""
+    "q8" / "q4" are returned as they are (quantized projections). On a GPU: bf16 (auto) or fp32; the
+    quantized formats are CPU kernels and are refused there."""
+    if torch.device(device).type != "cpu":
+        if name in QUANTIZED:
+            raise SpecdecError(f"--dtype {name} runs on specdec's CPU kernels only: use --dtype bf16 or fp32 "
+                               f"with --device {device}, or --device cpu")
+        if name in (None, "auto"):
+            return torch.bfloat16
     if name in (None, "auto"):
         if gguf_is_q4(folder) and quant.isa() != "torch":
             print(f"specdec: --dtype auto: q4 (the GGUF's own 4-bit blocks, integer kernels on {quant.isa()})",
@@ -99,16 +127,23 @@ def matmul_path(model: Transformer) -> str:
     ("avx512bf16", "avx2"), or "torch" (fp32, or bf16 in torch)."""
     if model.quantized:
         return f"{model.quantized}/{quant.isa()}"
+    if model.device.type != "cpu":
+        return f"torch/{model.device.type}"
     return model.lm_head.path or "torch"
 
 
-def load_transformer(folder: str | Path, dtype: torch.dtype | str = torch.float32) -> Transformer:
-    folder = Path(folder)
+def load_transformer(folder: str | Path, dtype: torch.dtype | str = torch.float32,
+                     device: torch.device | str = "cpu") -> Transformer:
+    """The model in `folder` with weights in `dtype` (`resolve_dtype`) on `device` (`resolve_device`): on a GPU
+    every weight is `dtype` and torch's kernels run it; on the CPU bf16 matmul weights take the kernel's path."""
+    folder, device = Path(folder), torch.device(device)
     if dtype in QUANTIZED:
+        if device.type != "cpu":
+            raise SpecdecError(f"--dtype {dtype} runs on specdec's CPU kernels only; use bf16 or fp32 on {device}")
         return _load_quantized(folder, dtype)
     cfg = ModelConfig.from_folder(folder)
     hf = _read_tensors(folder)
-    path = kernels.matmul_path() if dtype == torch.bfloat16 else "torch"
+    path = kernels.matmul_path() if dtype == torch.bfloat16 and device.type == "cpu" else "torch"
     mixed = path != "torch"             # bf16 matmul weights on the kernel, fp32 everything else
     other = torch.float32 if mixed else dtype
 
@@ -153,7 +188,7 @@ def load_transformer(folder: str | Path, dtype: torch.dtype | str = torch.float3
         for m in model.modules():
             if isinstance(m, Linear):
                 m.path = path  # one path for every forward of this model: decoding and verification agree
-    return model.eval()
+    return model.to(device).eval()
 
 
 def _load_quantized(folder: Path, fmt: str) -> Transformer:

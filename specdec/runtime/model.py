@@ -273,6 +273,13 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters()) + quantized
 
     @property
+    def device(self) -> torch.device:
+        """Where the weights and the KV cache live (`--device`): the CPU, or a CUDA GPU running torch's own
+        kernels. Everything else (the loop, drafts, verification, sampling) runs on the host: `forward` takes
+        host tensors and returns host tensors."""
+        return self.norm.weight.device
+
+    @property
     def compute_dtype(self) -> torch.dtype:
         """The activations' (and KV cache's) dtype: fp32 when bf16 weights run through the kernel."""
         return self.norm.weight.dtype
@@ -301,7 +308,7 @@ class Transformer(nn.Module):
     def new_cache(self, max_len: int | None = None, batch: int = 1) -> KVCache:
         max_len = max_len or self.cfg.max_position_embeddings
         return KVCache(self.cfg.num_layers, batch, self.cfg.num_kv_heads, max_len, self.cfg.head_dim,
-                       self.compute_dtype)
+                       self.compute_dtype, self.device)
 
     def attention_plan(self, n: int, start: int, mask: torch.Tensor | None = None):
         """(mask, plan) for n new positions after `start` cached ones; `mask` [B|1, n, start+n] or None (causal).
@@ -333,7 +340,7 @@ class Transformer(nn.Module):
             freqs = torch.outer(torch.arange(size, dtype=torch.float32), inv_freq)
             emb = torch.cat((freqs, freqs), dim=-1)
             dt = self.compute_dtype
-            self._rope_cache = (emb.cos().to(dt), emb.sin().to(dt))
+            self._rope_cache = (emb.cos().to(self.device, dt), emb.sin().to(self.device, dt))
         cos, sin = self._rope_cache
         return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
 
@@ -348,6 +355,11 @@ class Transformer(nn.Module):
         if positions is None:
             positions = torch.arange(start, start + n).expand(B, n)
         mask, plan = self.attention_plan(n, start, mask)
+        device = self.device
+        on_host = device.type == "cpu"
+        if not on_host:  # the caller's host tensors move to the device; the outputs come back below
+            tokens, positions = tokens.to(device), positions.to(device)
+            mask = None if mask is None else mask.to(device)
         cos, sin = self._rope(positions)
         x = self.embed(tokens)
         hidden: dict[int, torch.Tensor] = {}
@@ -362,4 +374,7 @@ class Transformer(nn.Module):
         x = self.norm(x)
         if -1 in hidden_layers:
             hidden[-1] = x
-        return ForwardOutput(self.lm_head(x).float(), hidden)
+        logits = self.lm_head(x).float()
+        if not on_host:
+            logits, hidden = logits.cpu(), {i: h.cpu() for i, h in hidden.items()}
+        return ForwardOutput(logits, hidden)
