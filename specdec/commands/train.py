@@ -49,7 +49,10 @@ def register(sub) -> None:
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
-def run_medusa(args) -> int:
+def target_and_cache(args, layers=None):
+    """The frozen target (fp32) and its hidden-state cache over `--data` (built or reused), for `args.model`,
+    `args.data`, `args.max_len`, `args.tokens`: (model, fingerprint, data sources, cache folder, cache).
+    `layers(num_layers)` -> the decoder layers whose outputs to cache (EAGLE); None: the last hidden state."""
     from pathlib import Path
 
     import torch
@@ -59,26 +62,38 @@ def run_medusa(args) -> int:
     from specdec.store import home, resolve
     from specdec.tokenizer import Tokenizer
     from specdec.training import corpus, heads, hidden_cache
+
+    sharegpt = args.data == ["sharegpt"]
+    if "sharegpt" in args.data and not sharegpt:
+        raise SpecdecError("--data sharegpt cannot be combined with files")
+    folder = resolve(args.model, pull=True, progress=not args.quiet)
+    fp = heads.fingerprint(folder)
+    model = load_transformer(folder, torch.float32)
+    data = ["sharegpt"] if sharegpt else [str(Path(f).resolve()) for f in args.data]
+    settings = {"format": 1, "target": fp, "data": data, "max_len": args.max_len, "requested": args.tokens}
+    ids = tuple(layers(model.cfg.num_layers)) if layers else None
+    if ids:
+        settings["layers"] = list(ids)
+    where = hidden_cache.cache_dir(home() / "hidden" / heads._safe(args.model), settings)
+    if (where / "meta.json").exists():
+        print(f"specdec: reusing the cached hidden states in {where}", file=sys.stderr)
+    docs = corpus.sharegpt_conversations() if sharegpt else corpus.file_documents(args.data)
+    cache = hidden_cache.build(model, corpus.token_documents(docs, Tokenizer(folder), args.max_len), where,
+                               args.tokens, settings, progress=not args.quiet, layers=ids)
+    return model, fp, data, where, cache
+
+
+def run_medusa(args) -> int:
+    from pathlib import Path
+
+    from specdec.errors import SpecdecError
+    from specdec.training import heads
     from specdec.training.medusa import TrainSettings, train
 
     for name in ("tokens", "max_len", "epochs", "heads", "draft_vocab", "batch", "checkpoint_every"):
         if getattr(args, name) < 1:
             raise SpecdecError(f"--{name.replace('_', '-')} must be a positive integer")
-    sharegpt = args.data == ["sharegpt"]
-    if "sharegpt" in args.data and not sharegpt:
-        raise SpecdecError("--data sharegpt cannot be combined with files")
-    folder = resolve(args.model, pull=True, progress=not args.quiet)
-    tokenizer = Tokenizer(folder)
-    fp = heads.fingerprint(folder)
-    data = ["sharegpt"] if sharegpt else [str(Path(f).resolve()) for f in args.data]
-    settings = {"format": 1, "target": fp, "data": data, "max_len": args.max_len, "requested": args.tokens}
-    where = hidden_cache.cache_dir(home() / "hidden" / heads._safe(args.model), settings)
-    if (where / "meta.json").exists():
-        print(f"specdec: reusing the cached hidden states in {where}", file=sys.stderr)
-    model = load_transformer(folder, torch.float32)
-    docs = corpus.sharegpt_conversations() if sharegpt else corpus.file_documents(args.data)
-    cache = hidden_cache.build(model, corpus.token_documents(docs, tokenizer, args.max_len), where, args.tokens,
-                               settings, progress=not args.quiet)
+    model, fp, data, where, cache = target_and_cache(args)
     out = Path(args.out).expanduser() if args.out else heads.store_dir(args.model, "medusa")
     s = TrainSettings(heads=args.heads, epochs=args.epochs, batch=args.batch, lr=args.lr,
                       draft_vocab=args.draft_vocab, checkpoint_every=args.checkpoint_every)
