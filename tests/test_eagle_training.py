@@ -1,0 +1,157 @@
+"""EAGLE training on a tiny random target: the multi-layer hidden cache (shapes, equal to the target's
+forward), the draft vocabulary's d2t/t2d round trip, the training-time-test unroll equal to what the head
+computes at inference (full-sequence call for step 0, KV-cache replay for later steps), the unrolled loss
+going down, an interrupted run resuming to the same head."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from specdec.drafters.eagle_head import EagleConfig, EagleHead, default_aux_layers
+from specdec.runtime.loader import load_transformer
+from specdec.tokenizer import Tokenizer
+from specdec.training import eagle as E
+from specdec.training import hidden_cache
+from tests.tiny import save_tiny
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    folder = save_tiny("llama", tmp_path_factory.mktemp("target"), seed=0)
+    return dict(folder=folder, target=load_transformer(folder), tok=Tokenizer(folder))
+
+
+def documents(env, n=10, words=60, seed=0):
+    from specdec.training import corpus
+
+    vocab = ["the cat", "sat on", "a mat", "and then", "it ran", "far away"]
+    g = torch.Generator().manual_seed(seed)
+    docs = [" ".join(vocab[int(i)] for i in torch.randint(0, 6, (words,), generator=g)) for _ in range(n)]
+    return list(corpus.token_documents(docs, env["tok"], max_len=120))
+
+
+@pytest.fixture(scope="module")
+def cache(env, tmp_path_factory):
+    layers = default_aux_layers(3, env["target"].cfg.num_layers)
+    folder = tmp_path_factory.mktemp("hidden") / "c"
+    return hidden_cache.build(env["target"], iter(documents(env)), folder, 1000, {"test": 1, "layers": list(layers)},
+                              progress=False, layers=layers)
+
+
+def test_layer_cache_holds_the_targets_layer_outputs(env, cache, tmp_path):
+    layers = tuple(cache.meta["layers"])
+    assert layers == (1, 0, 0) and cache.hidden is None
+    assert cache.features.shape == (1000, 3 * 64) and cache.meta["hidden_size"] == 64
+    ids = documents(env)[0]
+    out = env["target"](torch.tensor([ids]), env["target"].new_cache(len(ids)), hidden_layers=layers)
+    want = torch.cat([out.hidden[i][0] for i in layers], -1)
+    got = torch.from_numpy(np.asarray(cache.features[:len(ids)], dtype=np.float32))
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
+    assert (cache.labels[:len(ids)] == out.logits[0].argmax(-1).numpy()).all()
+    again = hidden_cache.build(None, iter(()), cache.folder, 1000, {}, progress=False, layers=layers)  # reused
+    assert np.array_equal(again.features[:50], cache.features[:50])
+    # a cache without layers keeps the name it had before layers existed
+    assert hidden_cache.cache_dir(Path("/r"), {"format": 1, "requested": 5}).name == "794d1ec83fa0c260"
+
+
+def test_draft_vocabulary_round_trip(env):
+    labels = np.array([5, 5, 9, 2, 5, 9, 40, 2, 2, 2])
+    vocab, coverage = E.draft_vocabulary(labels, 3)
+    assert vocab.tolist() == [2, 5, 9] and coverage == pytest.approx(0.9)
+    cfg = EagleConfig.for_target(env["target"].cfg, "tiny", None, version=3, draft_vocab_size=3)
+    head = EagleHead(cfg)
+    head.set_vocab(torch.from_numpy(vocab))
+    assert head.to_target(torch.arange(3)).tolist() == [2, 5, 9]  # target_id = draft_id + d2t[draft_id]
+    assert head.t2d.nonzero().flatten().tolist() == [2, 5, 9]
+    tr = E.Trainer(head, None, None, E.TrainSettings())
+    assert tr.draft_targets(torch.tensor([9, 2, 40, -1, 5])).tolist() == [2, 0, -1, -1, 1]
+
+
+def random_head(env, seed=0):
+    cfg = EagleConfig.for_target(env["target"].cfg, "tiny", None, version=3, draft_vocab_size=40)
+    torch.manual_seed(seed)
+    head = EagleHead(cfg)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    head.set_vocab(torch.arange(0, 80, 2))
+    return head.eval()
+
+
+def test_unroll_is_what_the_drafter_computes(env):
+    head = random_head(env)
+    g = torch.Generator().manual_seed(1)
+    B, T, S, D = 2, 9, 3, 64
+    fused = torch.randn(B, T, D, generator=g)
+    embs = [torch.randn(B, T, D, generator=g) for _ in range(S)]
+    pos = torch.arange(T).expand(B, T)
+    with torch.no_grad():
+        steps = list(E.unroll(head, fused, embs, pos))
+        logits0, h0 = head(embs[0], fused, pos)
+        torch.testing.assert_close(steps[0][0], logits0, atol=1e-4, rtol=1e-4)
+        for b, t in ((0, 0), (1, 5), (0, 8)):  # the drafter: prefix rows 0..t, then steps 1.. on its own outputs
+            cache = head.new_cache(T + S)
+            logits, h = head(embs[0][b:b + 1, :t + 1], fused[b:b + 1, :t + 1], pos[b:b + 1, :t + 1], cache)
+            hid = h[:, -1:]
+            for j in range(1, S):
+                logits, hid = head(embs[j][b:b + 1, t:t + 1], hid, torch.tensor([[t + j]]), cache)
+                torch.testing.assert_close(logits[0, 0], steps[j][0][b, t], atol=1e-4, rtol=1e-4)
+
+
+def settings(**kw):
+    base = dict(epochs=4, ttt_steps=3, draft_vocab=40, batch_tokens=300, lr=2e-3, warmup=5, val_fraction=0.2,
+                eval_depth=4, evals=2, checkpoint_every=5)
+    return E.TrainSettings(**{**base, **kw})
+
+
+def unrolled_loss(head, env, cache, s):
+    tr = E.Trainer(head, env["target"].embed.weight.detach().float(), cache, s)
+    docs = E.Documents(cache, s.val_fraction)
+    with torch.no_grad():
+        return float(np.mean([tr.loss(E.Batch(cache, g, s.ttt_steps))[0].item()
+                              for g in docs.batches(docs.train, s.batch_tokens, None)]))
+
+
+def test_training_time_test_lowers_the_unrolled_loss_and_resumes_exactly(env, cache, tmp_path, monkeypatch):
+    s = settings()
+    head = E.train(cache, env["target"], "tiny", "fp", s, tmp_path / "a", progress=False)
+    docs = E.Documents(cache, s.val_fraction)
+    vocab, _ = E.draft_vocabulary(np.concatenate([cache.labels[a:b] for a, b in docs.train]), 40)
+    before = unrolled_loss(E.new_head(env["target"], "tiny", "fp", s, head.cfg.aux_layers, vocab), env, cache, s)
+    after = unrolled_loss(head, env, cache, s)
+    assert after < before - 0.5, (before, after)
+    t = head.cfg.training
+    assert len(t["val"]["alpha"]) == 4 and len(t["history"]) == 2 and t["history"][0]["tokens_seen"] > 0
+    assert head.to_target(torch.arange(40)).tolist() == vocab.tolist()
+
+    calls = {"n": 0}
+    real = E.Trainer.loss
+
+    def interrupted(self, batch):  # Ctrl-C in the 8th step (after the checkpoint at step 5)
+        calls["n"] += 1
+        if calls["n"] == 8:
+            raise KeyboardInterrupt
+        return real(self, batch)
+
+    monkeypatch.setattr(E.Trainer, "loss", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        E.train(cache, env["target"], "tiny", "fp", s, tmp_path / "b", progress=False)
+    monkeypatch.setattr(E.Trainer, "loss", real)
+    assert torch.load(tmp_path / "b" / E.CHECKPOINT, weights_only=False)["state"]["step"] == 7
+    resumed = E.train(cache, env["target"], "tiny", "fp", s, tmp_path / "b", resume=True, progress=False)
+    assert resumed.cfg.training["steps"] == t["steps"]
+    for k, v in head.state_dict().items():
+        assert torch.equal(v, resumed.state_dict()[k]), k
+
+
+def test_eagle1_regresses_features_with_frozen_lm_head(env, tmp_path):
+    layers = default_aux_layers(1, env["target"].cfg.num_layers)
+    c1 = hidden_cache.build(env["target"], iter(documents(env)), tmp_path / "c1", 600, {"layers": list(layers)},
+                            progress=False, layers=layers)
+    s = settings(version=1, epochs=2, ttt_steps=1)
+    head = E.train(c1, env["target"], "tiny", "fp", s, tmp_path / "v1", progress=False)
+    assert head.cfg.draft_vocab_size == env["target"].cfg.vocab_size and head.cfg.aux_layers == (2,)
+    assert torch.equal(head.fc.weight, torch.eye(64))
+    assert torch.equal(head.lm_head.weight, env["target"].lm_head.weight.float())
