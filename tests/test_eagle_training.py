@@ -101,7 +101,7 @@ def test_unroll_is_what_the_drafter_computes(env):
 
 
 def settings(**kw):
-    base = dict(epochs=4, ttt_steps=3, draft_vocab=40, batch_tokens=300, lr=2e-3, warmup=5, val_fraction=0.2,
+    base = dict(bf16=False, epochs=4, ttt_steps=3, draft_vocab=40, batch_tokens=300, lr=2e-3, warmup=5, val_fraction=0.2,
                 eval_depth=4, evals=2, checkpoint_every=5)
     return E.TrainSettings(**{**base, **kw})
 
@@ -153,5 +153,32 @@ def test_eagle1_regresses_features_with_frozen_lm_head(env, tmp_path):
     s = settings(version=1, epochs=2, ttt_steps=1)
     head = E.train(c1, env["target"], "tiny", "fp", s, tmp_path / "v1", progress=False)
     assert head.cfg.draft_vocab_size == env["target"].cfg.vocab_size and head.cfg.aux_layers == (2,)
-    assert torch.equal(head.fc.weight, torch.eye(64))
+    assert torch.equal(head.fc.weight, torch.eye(64))  # EAGLE-1: features pass through
     assert torch.equal(head.lm_head.weight, env["target"].lm_head.weight.float())
+
+
+def test_train_eagle_from_the_command_line(env, tmp_path, monkeypatch, capsys):
+    import json
+
+    from specdec.cli import main
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    data = tmp_path / "corpus.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"count {i}"}, {"role": "assistant", "content": "1 2 3 4 " * 9}]}
+            for i in range(6)]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "eagle"
+    args = ["train", "eagle", "--model", str(env["folder"]), "--data", str(data), "--tokens", "400", "--epochs", "1",
+            "--draft-vocab", "30", "--batch-tokens", "128", "--out", str(out), "--quiet", "--json"]
+    assert main(args) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["tokens"] == 400 and record["ttt_steps"] == 3 and len(record["val"]["alpha"]) == 6
+    head = EagleHead.load(out)
+    assert head.cfg.version == 3 and head.cfg.draft_vocab_size == 30 and head.cfg.aux_layers == (1, 0, 0)
+    assert head.cfg.training["steps"] == record["steps"]
+    from safetensors import safe_open
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("midlayer.self_attn.q_proj.weight").dtype == torch.float16
+        assert f.get_tensor("d2t").dtype == torch.int64 and f.get_tensor("t2d").dtype == torch.bool
+    assert main(args[:-2] + ["--resume", "--quiet"]) == 0  # the finished run's checkpoint: nothing left to do
+    assert main(args[:2] + ["--model", str(env["folder"]), "--ttt-steps", "0"]) == 2
