@@ -248,10 +248,11 @@ class Trainer:
 
 
 def new_head(target, name: str, fingerprint: str, s: TrainSettings, aux_layers, vocab: np.ndarray) -> EagleHead:
-    """A head for `target` initialised as training starts: `norm` and `lm_head` from the target's final
-    norm and LM-head rows of the draft vocabulary, `fc` passing the last aux layer's features through
-    (the midlayer starts as a residual update of the target's top features, with calibrated logits rather
-    than random ones); v1: fc = identity and these three frozen."""
+    """A head for `target` initialised as training starts: `lm_head` from the target's LM-head rows of the
+    draft vocabulary and `fc` passing the last aux layer's features through (the midlayer starts as a
+    residual update of the target's top features; on SmolLM2 this trains faster than a random `fc`, and
+    `norm` at ones faster than at the target's final norm: 0.22 vs 0.18 step-0 accuracy after 40 steps).
+    v1: fc = identity, `norm` the target's final norm, these three and `lm_head` frozen."""
     cfg = EagleConfig.for_target(target.cfg, name, fingerprint, version=s.version, draft_vocab_size=len(vocab),
                                  aux_layers=aux_layers)
     torch.manual_seed(s.seed)
@@ -259,7 +260,8 @@ def new_head(target, name: str, fingerprint: str, s: TrainSettings, aux_layers, 
     head.set_vocab(torch.from_numpy(vocab))
     with torch.no_grad():
         head.lm_head.weight.copy_(target.lm_head.weight.detach().float()[torch.from_numpy(vocab)])
-        head.norm.weight.copy_(target.norm.weight.detach().float())
+        if s.version == 1:
+            head.norm.weight.copy_(target.norm.weight.detach().float())
         d = cfg.hidden_size
         head.fc.weight.zero_()
         head.fc.weight[:, -d:].copy_(torch.eye(d))
