@@ -252,7 +252,7 @@ def new_head(target, name: str, fingerprint: str, s: TrainSettings, aux_layers, 
     draft vocabulary and `fc` passing the last aux layer's features through (the midlayer starts as a
     residual update of the target's top features; on SmolLM2 this trains faster than a random `fc`, and
     `norm` at ones faster than at the target's final norm: 0.22 vs 0.18 step-0 accuracy after 40 steps).
-    v1: fc = identity, `norm` the target's final norm, these three and `lm_head` frozen."""
+    v1: fc = identity, `norm` the target's final norm, `lm_head` the target's rows: all three frozen."""
     cfg = EagleConfig.for_target(target.cfg, name, fingerprint, version=s.version, draft_vocab_size=len(vocab),
                                  aux_layers=aux_layers)
     torch.manual_seed(s.seed)
