@@ -182,3 +182,36 @@ def test_train_eagle_from_the_command_line(env, tmp_path, monkeypatch, capsys):
         assert f.get_tensor("d2t").dtype == torch.int64 and f.get_tensor("t2d").dtype == torch.bool
     assert main(args[:-2] + ["--resume", "--quiet"]) == 0  # the finished run's checkpoint: nothing left to do
     assert main(args[:2] + ["--model", str(env["folder"]), "--ttt-steps", "0"]) == 2
+
+
+def test_validation_alpha_counts_only_positions_on_the_targets_greedy_path(env, monkeypatch):
+    """An oracle head (right everywhere but at depth 1 of row 0): α is 1 wherever measured, except depth 1,
+    and a position is measured only while the corpus follows the target's greedy tokens."""
+    n = 12
+    tokens = np.arange(3, 3 + n, dtype=np.int32)
+    labels = np.r_[tokens[1:], 50].astype(np.int32)
+    labels[5] = 60  # the target would not continue the corpus after token 5
+    cache = hidden_cache.HiddenCache(None, {}, labels=labels, tokens=tokens, doc=np.zeros(n, np.int32),
+                                     features=np.zeros((n, 64), np.float16))
+    cfg = EagleConfig.for_target(env["target"].cfg, "tiny", None, version=3)
+    s = settings(eval_depth=4)
+    tr = E.Trainer(EagleHead(cfg), None, cache, s)
+
+    def oracle(self, batch, steps, noise=False):
+        for j in range(steps):
+            pick = batch.labels[j].clamp(min=0).clone()
+            if j == 1:
+                pick[0, 0] = 1  # wrong at depth 1 of row 0
+            yield torch.nn.functional.one_hot(pick, 96).float(), None
+
+    monkeypatch.setattr(E.Trainer, "run", oracle)
+    got = tr.evaluate([(0, n)])
+    agree = labels[:-1] == tokens[1:]
+    reached = [0] * 4
+    for t in range(n - 1):
+        for j in range(4):
+            if t + 1 + j > n - 1 or not agree[t:t + j + 1].all() or (t == 0 and j == 2):
+                break
+            reached[j] += 1
+    assert got["reached"] == reached and reached[0] == 10
+    assert got["alpha"] == [1.0, round(1 - 1 / reached[1], 4), 1.0, 1.0]
