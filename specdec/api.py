@@ -7,6 +7,7 @@
     r = llm.generate("Fix this code: ...", method="prompt-lookup")        # k chosen adaptively
     r = LLM("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b").generate("...", method="draft", k=4)
     r = LLM("smollm2-135m", tree="auto").generate("...", method="medusa")  # trained heads, a calibrated tree
+    r = LLM("smollm2-135m").generate("...", method="eagle")  # an EAGLE head, EAGLE-2 dynamic tree (tree="chain"...)
     for piece in llm.stream("Tell me a story.", temperature=0.7, seed=1):
         print(piece, end="", flush=True)
 """
@@ -53,8 +54,9 @@ class LLM:
         self.exit_layer = check_exit_layer(exit_layer, self.model.cfg.num_layers)
         self.sources = sources
         self.lookahead = LookaheadConfig.of(lookahead)
-        self.heads, self.tree, self.tree_nodes = heads, tree, tree_nodes  # Medusa: heads folder, tree, its size
+        self.heads, self.tree, self.tree_nodes = heads, tree, tree_nodes  # Medusa/EAGLE: heads folder, tree, size
         self._medusa = None
+        self._eagle = None
         self._draft = None
         self._retrieval = None
         self._early_exit = None
@@ -98,6 +100,12 @@ class LLM:
 
                 self._medusa = build(self, self.heads, self.tree, self.tree_nodes)
             return self._medusa
+        if method == "eagle":
+            if self._eagle is None:
+                from specdec.drafters.eagle import build as build_eagle
+
+                self._eagle = build_eagle(self, self.heads, self.tree, self.tree_nodes)
+            return self._eagle
         raise AssertionError(method)
 
     def _draft_model(self):

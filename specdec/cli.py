@@ -11,7 +11,7 @@ from specdec import __version__
 from specdec.errors import SpecdecError
 
 COMMANDS = ["models", "pull", "generate", "probe", "quality", "calc", "plot", "bench", "datastore", "exit_layers",
-            "race", "serve", "loadtest", "train"]
+            "race", "serve", "loadtest", "train", "export"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -163,7 +163,8 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
     policy = policy or FixedK(4 if drafter else 0)
     mode = "greedy" if sampling.greedy else request.acceptance
     typical = dict(typical_epsilon=request.posterior_threshold, typical_delta=request.posterior_alpha)
-    hidden_layers = (-1,) if getattr(drafter, "wants_hidden", False) else ()  # Medusa/EAGLE read Context.hidden
+    feature_layers = tuple(getattr(drafter, "wants_hidden_layers", ()))  # EAGLE reads Context.features
+    hidden_layers = ((-1,) if getattr(drafter, "wants_hidden", False) else ()) + feature_layers  # Medusa: .hidden
     gen = make_generator(sampling.seed)
     stopper = Stopper(tokenizer, request)
     if drafter:
@@ -176,7 +177,9 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
     pre = model.prefill(prompt_ids[:-1], cache, hidden_layers)
     prefill = time.perf_counter() - t0
     ctx = Context(tokens=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling, generator=gen,
-                  target_cache=cache, hidden=pre.hidden[-1][0, -1] if pre is not None and hidden_layers else None)
+                  target_cache=cache, hidden=pre.hidden[-1][0, -1] if pre is not None and -1 in hidden_layers else None)
+    if feature_layers and pre is not None:  # every prompt position but the last (the first round's root)
+        ctx.add_features(pre.hidden, feature_layers, slice(None))
     forwards, draft_s, target_s, rounds = 0, 0.0, 0.0, []
     done = False
     while not done:
@@ -199,7 +202,7 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
             mask = torch.ones(1, 1 + n + m, start + 1 + n + m, dtype=torch.bool)
             mask[0, :, start:] = local
         out = None
-        if n and simple and hasattr(drafter, "verify_forward"):  # LayerSkip: reuse the draft's work
+        if n and simple and hasattr(drafter, "verify_forward") and not feature_layers:  # LayerSkip: reuse the draft's work
             out = drafter.verify_forward(model, cache, inputs)
         out = out or model(inputs, cache, positions=positions, mask=mask, hidden_layers=hidden_layers)
         logits = out.logits[0]  # [1+n+m, V]
@@ -208,6 +211,8 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
         if hidden_layers:  # the last accepted position's hidden state: the next round drafts from it
             last = out.hidden.get(-1)
             ctx.hidden = None if last is None else last[0, result.path[-1] + 1 if result.path else 0]
+        if feature_layers:  # the committed positions' features: the root's and the accepted path's
+            ctx.add_features(out.hidden, feature_layers, [0] + [i + 1 for i in result.path])
         settle(cache, draft, result)
         t1 = time.perf_counter()
         draft_s += tv - td

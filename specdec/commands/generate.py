@@ -44,7 +44,9 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
                         "(n-grams of the context), retrieval (REST: continuations from a datastore, "
                         "--datastore), early-exit (the target's first L layers, --exit-layer), lookahead (Jacobi window + n-gram pool, "
                         "no draft), hybrid (the first of --sources that proposes something), medusa (trained "
-                        "heads on the target's last hidden state draft a tree, --heads, --tree) (default plain)")
+                        "heads on the target's last hidden state draft a tree, --heads, --tree), eagle (EAGLE-1/3: "
+                        "a trained one-layer head drafts on the target's features, EAGLE-2 dynamic tree by "
+                        "default, --heads, --tree) (default plain)")
     g.add_argument("--k", default="auto", type=parse_k,
                    help="draft length per round, or 'auto' (default): chosen each round from measured "
                         "acceptance, draft cost and the verify-cost curve of `specdec probe`; 0 = plain steps")
@@ -75,16 +77,21 @@ def add_lookahead_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_medusa_args(p: argparse.ArgumentParser, acceptance: bool = True) -> None:
-    g = p.add_argument_group("medusa (--method medusa, or a hybrid source)")
+    g = p.add_argument_group("medusa and eagle (--method medusa|eagle, or a hybrid source)")
     g.add_argument("--heads", default=None, metavar="DIR",
-                   help="heads folder written by `specdec train medusa` (default: the store's heads for --model, "
-                        "else the heads shipped with specdec, e.g. for smollm2-135m)")
-    g.add_argument("--tree", default="auto", metavar="auto|chain|FILE",
-                   help="auto (default): the calibrated sparse tree from the heads' validation accuracies; chain: "
-                        "each head's top token; FILE: a JSON list of rank paths (Medusa's medusa_choices shape), "
-                        "e.g. [[0], [1], [0, 0]]")
+                   help="heads folder written by `specdec train medusa|eagle` (eagle: also a published EAGLE-3 "
+                        "head for the same target, as vLLM/SGLang load it) (default: the store's heads for "
+                        "--model, else the heads shipped with specdec, e.g. for smollm2-135m)")
+    g.add_argument("--tree", default="auto", metavar="auto|chain|dynamic|static|FILE",
+                   help="medusa: auto (default), the calibrated sparse tree from the heads' validation accuracies; "
+                        "chain: each head's top token; FILE: a JSON list of rank paths (Medusa's medusa_choices "
+                        "shape), e.g. [[0], [1], [0, 0]]. eagle: dynamic (= auto, the default; EAGLE-2: expand "
+                        "the likeliest nodes depth by depth, keep the best N), static (a fixed tree of ranks) or "
+                        "chain (the top token per depth; drawn from the draft under sampling)")
     g.add_argument("--tree-nodes", type=int, default=None, metavar="N",
-                   help="draft nodes in the tree (default: the size the `specdec probe` cost curve favours)")
+                   help="draft nodes in the tree (default: medusa: the size the `specdec probe` cost curve "
+                        "favours; eagle: the positions one forward verifies for about the cost of one, by the "
+                        "probe, less the root, at least 4; for an eagle chain: its depth, default 6)")
     if not acceptance:
         return
     g.add_argument("--acceptance", default="exact", choices=["exact", "typical"],

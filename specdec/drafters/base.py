@@ -30,6 +30,23 @@ class Context:
     target_cache: KVCache | None = None  # the target's cache (every token but the last): early exit drafts on it
     hidden: torch.Tensor | None = None  # [D] the target's last hidden state (after the final norm) at the last
     #                                     accepted position, from the verify pass, for drafters with wants_hidden
+    features: torch.Tensor | None = None  # [m, A*D] for drafters with wants_hidden_layers (EAGLE): the outputs of
+    #                                     those A target layers, concatenated, at committed positions features_start
+    features_start: int = 0             # .. features_start+m-1 not yet taken (`take_features`); the loop appends
+
+    def add_features(self, hidden: dict, layers, index) -> None:
+        """Append the features of newly committed positions: hidden[l][0, index] of each layer l, concatenated."""
+        rows = torch.cat([hidden[l][0, index] for l in layers], dim=-1)
+        self.features = rows if self.features is None else torch.cat([self.features, rows])
+
+    def take_features(self) -> tuple[int, torch.Tensor | None]:
+        """(position of the first row, the rows) of the features not yet taken; they are taken.
+        Example: a 5-token prompt, then a round accepting 2 drafts: (0, rows for positions 0..3) after
+        prefill, then (4, rows for 4..6): the root (position 4) and the two accepted drafts."""
+        start, rows = self.features_start, self.features
+        if rows is not None:
+            self.features_start, self.features = start + len(rows), None
+        return start, rows
 
 
 @dataclass
@@ -74,6 +91,7 @@ class Drafter:
     name = "drafter"
     deterministic = True          # q is None: rejection sampling uses q one-hot on the drafted token
     wants_hidden = False          # True: the loop asks the target for its last hidden state (Context.hidden)
+    wants_hidden_layers: tuple[int, ...] = ()  # target layers whose outputs the loop hands over (Context.features)
 
     def propose(self, ctx: Context, k: int) -> Draft:
         raise NotImplementedError

@@ -351,6 +351,8 @@ class EagleHead(nn.Module):
             state.update(load_file(str(f)))
         head = cls(cfg)
         if "d2t" not in state:  # a full-vocabulary head may leave the maps out
+            if cfg.draft_vocab_size != cfg.vocab_size:
+                raise SpecdecError(f"{folder}: a reduced draft vocabulary needs d2t in the weights")
             state["d2t"], state["t2d"] = head.d2t, head.t2d
         state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
         want = head.state_dict()

@@ -54,6 +54,8 @@ class Hybrid(Drafter):
         self.names = _unique([getattr(s, "name", type(s).__name__) for s in sources])
         self.deterministic = all(getattr(s, "deterministic", True) for s in sources)
         self.wants_hidden = any(getattr(s, "wants_hidden", False) for s in sources)  # Medusa as a source
+        self.wants_hidden_layers = next((s.wants_hidden_layers for s in sources  # EAGLE as a source
+                                         if getattr(s, "wants_hidden_layers", ())), ())
         self.last_source: str | None = None
         self._last: int | None = None
         self._aux_source: int | None = None   # the source whose lookahead window rode along this round

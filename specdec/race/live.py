@@ -186,12 +186,12 @@ class LiveRunner:
             return True, "the first use measures the best exit layer (minutes on a CPU)"
         if method == "hybrid":
             return True, f"sources: {self.sources}"
-        if method == "medusa":
+        if method in ("medusa", "eagle"):
             from specdec.errors import SpecdecError
             from specdec.training.heads import find
 
             try:
-                return True, f"heads: {find(self.model, 'medusa')}"
+                return True, f"heads: {find(self.model, method)}"
             except SpecdecError as e:
                 return False, str(e)
         return True, ""

@@ -259,11 +259,15 @@ class Transformer(nn.Module):
     def prefill(self, tokens: Sequence[int], cache: KVCache, hidden_layers: Sequence[int] = (),
                 exit_layer: int | None = None) -> ForwardOutput | None:
         """Feed prompt tokens after the cache's content in `prefill_spans` pieces; the last piece's output
-        (logits and hidden states of its last position only), or None when there is nothing to feed."""
-        out, start = None, cache.length
+        (logits and the final norm's hidden state, -1, of its last position only; the hidden states of layers
+        >= 0 at every fed position), or None when there is nothing to feed."""
+        out, start, layers = None, cache.length, []
         for a, b in prefill_spans(start, start + len(tokens)):
             out = self(torch.tensor([list(tokens[a - start:b - start])]), cache, hidden_layers=hidden_layers,
                        exit_layer=exit_layer, last_only=True)
+            layers.append(out.hidden)
+        if len(layers) > 1:
+            out.hidden.update({i: torch.cat([h[i] for h in layers], dim=1) for i in out.hidden if i >= 0})
         return out
 
     def new_cache(self, max_len: int | None = None, batch: int = 1) -> KVCache:
