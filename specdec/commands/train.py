@@ -69,9 +69,10 @@ def register(sub) -> None:
     e.add_argument("--epochs", type=int, default=2, help="passes over the cached positions (default 2)")
     e.add_argument("--ttt-steps", type=int, default=None, metavar="S",
                    help="training-time test: unrolled steps per position (default 3 for EAGLE-3, 1 for EAGLE-1)")
-    e.add_argument("--draft-vocab", type=int, default=4096, metavar="V",
+    e.add_argument("--draft-vocab", type=int, default=8192, metavar="V",
                    help="EAGLE-3 drafts over the V tokens the target predicts most often in the corpus (default "
-                        "4096: 99%% of SmolLM2's predictions on ShareGPT); EAGLE-1 uses the full vocabulary")
+                        "8192: 98%% of SmolLM2's predictions on 240k ShareGPT tokens, 4096: 93%%); EAGLE-1 uses the full "
+                        "vocabulary")
     e.add_argument("--batch-tokens", type=int, default=2048, help="corpus positions per step (default 2048)")
     e.add_argument("--lr", type=float, default=1e-3, help="AdamW peak learning rate (default 1e-3, cosine to 10%%)")
     e.add_argument("--fp32", action="store_true", help="train in fp32 (default: bf16 autocast)")
