@@ -215,3 +215,52 @@ def test_validation_alpha_counts_only_positions_on_the_targets_greedy_path(env, 
             reached[j] += 1
     assert got["reached"] == reached and reached[0] == 10
     assert got["alpha"] == [1.0, round(1 - 1 / reached[1], 4), 1.0, 1.0]
+
+
+def test_shipped_smollm2_head_is_a_small_trained_eagle3_head():
+    from specdec.training.heads import SHIPPED
+
+    folder = SHIPPED / "smollm2-135m" / "eagle"
+    head = EagleHead.load(folder)
+    c = head.cfg
+    assert c.version == 3 and c.aux_layers == (1, 14, 26) and c.hidden_size == 576 and c.vocab_size == 49152
+    assert (folder / "model.safetensors").stat().st_size < 25e6 and not (folder / E.CHECKPOINT).exists()
+    t = c.training
+    assert t["ttt_steps"] >= 3 and len(t["val"]["alpha"]) == t["eval_depth"] and len(t["history"]) >= 3
+    assert t["history"][0]["tokens_seen"] < t["history"][-1]["tokens_seen"]  # the α-vs-tokens curve
+    assert head.t2d.sum() == c.draft_vocab_size and torch.equal(head.t2d[head.to_target(torch.arange(4))],
+                                                                 torch.ones(4, dtype=torch.bool))
+
+
+@pytest.mark.integration
+def test_shipped_smollm2_head_matches_the_target():
+    from specdec.store import resolve
+    from specdec.training.heads import SHIPPED, fingerprint
+
+    try:
+        folder = resolve("smollm2-135m")
+    except Exception as e:  # noqa: BLE001 - no network and no cache: nothing to test against
+        pytest.skip(f"smollm2-135m unavailable: {e}")
+    head = EagleHead.load(SHIPPED / "smollm2-135m" / "eagle")
+    target = load_transformer(folder)
+    head.cfg.check_target(target.cfg, "smollm2-135m", fingerprint(folder))
+    assert head.cfg.target_fingerprint == fingerprint(folder)
+
+
+def test_every_epoch_runs_all_its_batches_however_the_shuffle_groups_them(env, tmp_path):
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(10, 120, 16)
+    n = int(lengths.sum())
+    cache = hidden_cache.HiddenCache(None, {"layers": [1, 0, 0], "tokens": n, "documents": 16},
+                                     labels=rng.integers(3, 96, n).astype(np.int32),
+                                     tokens=rng.integers(3, 96, n).astype(np.int32),
+                                     doc=np.repeat(np.arange(16), lengths).astype(np.int32),
+                                     features=rng.standard_normal((n, 192)).astype(np.float16))
+    s = settings(epochs=3, batch_tokens=200, evals=2)
+    docs = E.Documents(cache, s.val_fraction)
+    counts = [len(docs.batches(docs.train, s.batch_tokens, s.seed + e)) for e in range(s.epochs)]
+    assert len(set(counts)) > 1  # the shuffles group the documents into different numbers of batches
+    head = E.train(cache, env["target"], "tiny", "fp", s, tmp_path, progress=False)
+    total = sum(counts)
+    assert head.cfg.training["steps"] == total
+    assert [h["step"] for h in head.cfg.training["history"]] == [round(total / 2), total]  # at 50% and 100%

@@ -303,8 +303,7 @@ def train(cache: HiddenCache, target, name: str, fingerprint: str, s: TrainSetti
     trainer = Trainer(head, embed, cache, s)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=0.0)
-    per_epoch = len(docs.batches(docs.train, s.batch_tokens, s.seed))
-    total = per_epoch * s.epochs
+    total = sum(len(docs.batches(docs.train, s.batch_tokens, s.seed + e)) for e in range(s.epochs))  # shuffles differ
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, (k + 1) / s.warmup)
                                               * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(k / total, 1)))))
     state = dict(epoch=0, batch=0, step=0, tokens=0, seconds=0.0, loss=None, acc=None, history=[])
