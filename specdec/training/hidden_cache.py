@@ -51,14 +51,15 @@ class HiddenCache:
         folder = Path(folder)
         meta = json.loads((folder / "meta.json").read_text())
         n = meta["tokens"]
-        arrays = {a: np.load(folder / f"{a}.npy", mmap_mode="r")[:n] for a in _arrays(meta.get("layers"))}
-        return cls(folder, meta, **arrays)
+        data = {a: np.load(folder / f"{a}.npy", mmap_mode="r")[:n] for a in arrays(meta.get("layers"))}
+        return cls(folder, meta, **data)
 
     def __len__(self) -> int:
         return int(self.meta["tokens"])
 
 
-def _arrays(layers) -> tuple[str, ...]:
+def arrays(layers) -> tuple[str, ...]:
+    """The arrays of a cache built with these layers (None: Medusa's last hidden state)."""
     return ("features" if layers else "hidden",) + INTS
 
 
@@ -78,7 +79,7 @@ def build(model, docs: Iterable[list[int]], folder: str | Path, max_tokens: int,
     from tqdm import tqdm
 
     folder = Path(folder)
-    names = _arrays(layers)
+    names = arrays(layers)
     if (folder / "meta.json").exists():
         return HiddenCache.open(folder)
     done = folder / "progress.json"
