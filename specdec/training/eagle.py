@@ -26,8 +26,9 @@ Validation α per draft position (`evaluate`), on the held-out last `val_fractio
 P(the head's top-1 at depth j is the target's token | depths < j all right), measured where the corpus
 follows the target's own greedy path up to that depth (so the unrolled inputs are exactly what greedy
 drafting would feed). The chain's expected tokens per target pass is 1 + α_0 + α_0·α_1 + ....
-Example (tiny random target, tests/test_eagle_training.py): S = 3 unrolled steps on 2k tokens lower the
-unrolled loss from ~4.6 to ~3 in a few hundred steps.
+Example (the head shipped for SmolLM2-135M, BENCHMARKS.md): 240k ShareGPT tokens, 5 epochs, S = 4, an
+8192-token draft vocabulary (98.2% of the target's predictions): α = 0.37 / 0.43 / 0.47 / 0.61 at depths
+0-3, 1 + 0.37 + 0.37·0.43 + ... = 1.68 tokens per pass for a greedy chain (1.87 with a 32-node tree).
 
 Checkpoints (`checkpoint.pt`: head, optimizer, epoch, batch, step, α history) are written every
 `checkpoint_every` steps, at each evaluation and on Ctrl-C, atomically; `resume=True` continues exactly
