@@ -448,5 +448,5 @@ def test_an_interrupted_hidden_cache_build_continues(env, tmp_path):
     rest = hidden_cache.build(Counting(), iter(toks), tmp_path / "b", 400, {"t": 1}, progress=False)
     assert len(calls) == whole.meta["documents"] - 3  # only the documents the first build did not reach
     assert rest.meta == whole.meta
-    for a in hidden_cache.ARRAYS:
+    for a in hidden_cache.arrays(None):
         assert np.array_equal(getattr(rest, a), getattr(whole, a))

@@ -1,18 +1,21 @@
 """The frozen target's hidden states over a corpus, computed once and cached memory-mapped on disk.
 
-Every head trained from a target (Medusa now, EAGLE later) learns from the same thing: for each corpus
-position t, the target's last hidden state h_t (the final norm's output, what the LM head reads) and
-the token the target itself predicts next, argmax LM(h_t). One pass of the target over the corpus
-fills four arrays (`.npy` files, opened with `np.load(mmap_mode="r")`):
+Every head trained from a target (Medusa, EAGLE) learns from the same thing: for each corpus position t,
+the target's hidden features at t and the token the target itself predicts next, argmax LM(h_t). One
+pass of the target over the corpus fills four arrays (`.npy` files, opened with `np.load(mmap_mode="r")`):
 
-    hidden  [N, D] float16   h_t
+    hidden  [N, D] float16   h_t, the final norm's output (what the LM head reads; Medusa), or
+    features [N, k·D] float16  with `layers=(i1, ..., ik)`: the outputs of those decoder layers (before
+                             the final norm), concatenated in that order (EAGLE: k = 3 low, middle and
+                             high layers for EAGLE-3, k = 1 the last layer for EAGLE-1)
     labels  [N]    int32     argmax of the target's logits at t (its prediction for token t + 1)
     tokens  [N]    int32     the corpus token at t
     doc     [N]    int32     document index (heads never learn across a document boundary)
 
 `meta.json` is written last: a folder without it is an interrupted build, which the next build of the
 same settings continues (`progress.json`). The folder
-name is a hash of the target's fingerprint and the corpus settings, so a second training run (more
+name is a hash of the target's fingerprint and the corpus settings (the layers included when given; a
+cache without them keeps its old name), so a second training run (more
 epochs, other heads) costs no target passes. Example: SmolLM2-135M (D = 576) over 100k tokens is
 115 MB of hidden states.
 """
@@ -30,28 +33,34 @@ from typing import Iterable
 import numpy as np
 import torch
 
-ARRAYS = ("hidden", "labels", "tokens", "doc")
+INTS = ("labels", "tokens", "doc")
 
 
 @dataclass
 class HiddenCache:
     folder: Path
     meta: dict
-    hidden: np.ndarray
     labels: np.ndarray
     tokens: np.ndarray
     doc: np.ndarray
+    hidden: np.ndarray | None = None    # [N, D], a cache built without layers
+    features: np.ndarray | None = None  # [N, k·D], a cache built with layers=meta["layers"]
 
     @classmethod
     def open(cls, folder: str | Path) -> "HiddenCache":
         folder = Path(folder)
         meta = json.loads((folder / "meta.json").read_text())
         n = meta["tokens"]
-        arrays = {a: np.load(folder / f"{a}.npy", mmap_mode="r")[:n] for a in ARRAYS}
-        return cls(folder, meta, **arrays)
+        data = {a: np.load(folder / f"{a}.npy", mmap_mode="r")[:n] for a in arrays(meta.get("layers"))}
+        return cls(folder, meta, **data)
 
     def __len__(self) -> int:
         return int(self.meta["tokens"])
+
+
+def arrays(layers) -> tuple[str, ...]:
+    """The arrays of a cache built with these layers (None: Medusa's last hidden state)."""
+    return ("features" if layers else "hidden",) + INTS
 
 
 def cache_dir(root: Path, settings: dict) -> Path:
@@ -60,27 +69,30 @@ def cache_dir(root: Path, settings: dict) -> Path:
 
 
 def build(model, docs: Iterable[list[int]], folder: str | Path, max_tokens: int, settings: dict,
-          progress: bool = True, save_every: float = 30.0) -> HiddenCache:
+          progress: bool = True, save_every: float = 30.0, layers: tuple[int, ...] | None = None) -> HiddenCache:
     """Run the target over the token documents (each one forward, fresh cache) until `max_tokens`
-    positions are cached; reuse the folder when a complete cache with these settings is there. An
+    positions are cached; reuse the folder when a complete cache with these settings is there.
+    `layers`: cache those decoder layers' outputs as `features` instead of the final hidden state
+    (the caller puts them in `settings`, which names the folder). An
     interrupted build continues where its last `progress.json` (written every `save_every` seconds) left
     it: the documents come in the same order, so the first ones done are skipped."""
     from tqdm import tqdm
 
     folder = Path(folder)
+    names = arrays(layers)
     if (folder / "meta.json").exists():
         return HiddenCache.open(folder)
     done = folder / "progress.json"
     n = ndocs = 0
     if done.exists():
         n, ndocs = (json.loads(done.read_text())[k] for k in ("tokens", "documents"))
-        out = {a: np.load(folder / f"{a}.npy", mmap_mode="r+") for a in ARRAYS}
+        out = {a: np.load(folder / f"{a}.npy", mmap_mode="r+") for a in names}
     else:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
-        d = model.cfg.hidden_size
-        out = {"hidden": np.lib.format.open_memmap(folder / "hidden.npy", "w+", np.float16, (max_tokens, d))}
-        for a in ARRAYS[1:]:
+        width = model.cfg.hidden_size * (len(layers) if layers else 1)
+        out = {names[0]: np.lib.format.open_memmap(folder / f"{names[0]}.npy", "w+", np.float16, (max_tokens, width))}
+        for a in INTS:
             out[a] = np.lib.format.open_memmap(folder / f"{a}.npy", "w+", np.int32, (max_tokens,))
 
     def save(path: Path, info: dict) -> None:
@@ -98,9 +110,10 @@ def build(model, docs: Iterable[list[int]], folder: str | Path, max_tokens: int,
             if max_tokens - n < 3:
                 break
             ids = ids[:max_tokens - n]
-            fwd = model(torch.tensor([ids]), model.new_cache(len(ids)), hidden_layers=(-1,))
+            fwd = model(torch.tensor([ids]), model.new_cache(len(ids)), hidden_layers=layers or (-1,))
             m = len(ids)
-            out["hidden"][n:n + m] = fwd.hidden[-1][0].to(torch.float16).numpy()
+            feats = torch.cat([fwd.hidden[i][0] for i in layers], -1) if layers else fwd.hidden[-1][0]
+            out[names[0]][n:n + m] = feats.to(torch.float16).numpy()
             out["labels"][n:n + m] = fwd.logits[0].argmax(-1).numpy()
             out["tokens"][n:n + m] = ids
             out["doc"][n:n + m] = ndocs
@@ -110,6 +123,7 @@ def build(model, docs: Iterable[list[int]], folder: str | Path, max_tokens: int,
                 save(done, {"tokens": n, "documents": ndocs})
                 last = time.monotonic()
     bar.close()
-    save(folder / "meta.json", {**settings, "tokens": n, "documents": ndocs, "hidden_size": out["hidden"].shape[1]})
+    meta = {**settings, "tokens": n, "documents": ndocs, "hidden_size": out[names[0]].shape[1] // len(layers or (1,))}
+    save(folder / "meta.json", {**meta, "layers": list(layers)} if layers else meta)
     done.unlink(missing_ok=True)
     return HiddenCache.open(folder)

@@ -1,0 +1,266 @@
+"""EAGLE training on a tiny random target: the multi-layer hidden cache (shapes, equal to the target's
+forward), the draft vocabulary's d2t/t2d round trip, the training-time-test unroll equal to what the head
+computes at inference (full-sequence call for step 0, KV-cache replay for later steps), the unrolled loss
+going down, an interrupted run resuming to the same head."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from specdec.drafters.eagle_head import EagleConfig, EagleHead, default_aux_layers
+from specdec.runtime.loader import load_transformer
+from specdec.tokenizer import Tokenizer
+from specdec.training import eagle as E
+from specdec.training import hidden_cache
+from tests.tiny import save_tiny
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    folder = save_tiny("llama", tmp_path_factory.mktemp("target"), seed=0)
+    return dict(folder=folder, target=load_transformer(folder), tok=Tokenizer(folder))
+
+
+def documents(env, n=10, words=60, seed=0):
+    from specdec.training import corpus
+
+    vocab = ["the cat", "sat on", "a mat", "and then", "it ran", "far away"]
+    g = torch.Generator().manual_seed(seed)
+    docs = [" ".join(vocab[int(i)] for i in torch.randint(0, 6, (words,), generator=g)) for _ in range(n)]
+    return list(corpus.token_documents(docs, env["tok"], max_len=120))
+
+
+@pytest.fixture(scope="module")
+def cache(env, tmp_path_factory):
+    layers = default_aux_layers(3, env["target"].cfg.num_layers)
+    folder = tmp_path_factory.mktemp("hidden") / "c"
+    return hidden_cache.build(env["target"], iter(documents(env)), folder, 1000, {"test": 1, "layers": list(layers)},
+                              progress=False, layers=layers)
+
+
+def test_layer_cache_holds_the_targets_layer_outputs(env, cache, tmp_path):
+    layers = tuple(cache.meta["layers"])
+    assert layers == (1, 0, 0) and cache.hidden is None
+    assert cache.features.shape == (1000, 3 * 64) and cache.meta["hidden_size"] == 64
+    ids = documents(env)[0]
+    out = env["target"](torch.tensor([ids]), env["target"].new_cache(len(ids)), hidden_layers=layers)
+    want = torch.cat([out.hidden[i][0] for i in layers], -1)
+    got = torch.from_numpy(np.asarray(cache.features[:len(ids)], dtype=np.float32))
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
+    assert (cache.labels[:len(ids)] == out.logits[0].argmax(-1).numpy()).all()
+    again = hidden_cache.build(None, iter(()), cache.folder, 1000, {}, progress=False, layers=layers)  # reused
+    assert np.array_equal(again.features[:50], cache.features[:50])
+    # a cache without layers keeps the name it had before layers existed
+    assert hidden_cache.cache_dir(Path("/r"), {"format": 1, "requested": 5}).name == "794d1ec83fa0c260"
+
+
+def test_draft_vocabulary_round_trip(env):
+    labels = np.array([5, 5, 9, 2, 5, 9, 40, 2, 2, 2])
+    vocab, coverage = E.draft_vocabulary(labels, 3)
+    assert vocab.tolist() == [2, 5, 9] and coverage == pytest.approx(0.9)
+    cfg = EagleConfig.for_target(env["target"].cfg, "tiny", None, version=3, draft_vocab_size=3)
+    head = EagleHead(cfg)
+    head.set_vocab(torch.from_numpy(vocab))
+    assert head.to_target(torch.arange(3)).tolist() == [2, 5, 9]  # target_id = draft_id + d2t[draft_id]
+    assert head.t2d.nonzero().flatten().tolist() == [2, 5, 9]
+    tr = E.Trainer(head, None, None, E.TrainSettings())
+    assert tr.draft_targets(torch.tensor([9, 2, 40, -1, 5])).tolist() == [2, 0, -1, -1, 1]
+
+
+def random_head(env, seed=0):
+    cfg = EagleConfig.for_target(env["target"].cfg, "tiny", None, version=3, draft_vocab_size=40)
+    torch.manual_seed(seed)
+    head = EagleHead(cfg)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    head.set_vocab(torch.arange(0, 80, 2))
+    return head.eval()
+
+
+def test_unroll_is_what_the_drafter_computes(env):
+    head = random_head(env)
+    g = torch.Generator().manual_seed(1)
+    B, T, S, D = 2, 9, 3, 64
+    fused = torch.randn(B, T, D, generator=g)
+    embs = [torch.randn(B, T, D, generator=g) for _ in range(S)]
+    pos = torch.arange(T).expand(B, T)
+    with torch.no_grad():
+        steps = list(E.unroll(head, fused, embs, pos))
+        logits0, h0 = head(embs[0], fused, pos)
+        torch.testing.assert_close(steps[0][0], logits0, atol=1e-4, rtol=1e-4)
+        for b, t in ((0, 0), (1, 5), (0, 8)):  # the drafter: prefix rows 0..t, then steps 1.. on its own outputs
+            cache = head.new_cache(T + S)
+            logits, h = head(embs[0][b:b + 1, :t + 1], fused[b:b + 1, :t + 1], pos[b:b + 1, :t + 1], cache)
+            hid = h[:, -1:]
+            for j in range(1, S):
+                logits, hid = head(embs[j][b:b + 1, t:t + 1], hid, torch.tensor([[t + j]]), cache)
+                torch.testing.assert_close(logits[0, 0], steps[j][0][b, t], atol=1e-4, rtol=1e-4)
+
+
+def settings(**kw):
+    base = dict(bf16=False, epochs=4, ttt_steps=3, draft_vocab=40, batch_tokens=300, lr=2e-3, warmup=5, val_fraction=0.2,
+                eval_depth=4, evals=2, checkpoint_every=5)
+    return E.TrainSettings(**{**base, **kw})
+
+
+def unrolled_loss(head, env, cache, s):
+    tr = E.Trainer(head, env["target"].embed.weight.detach().float(), cache, s)
+    docs = E.Documents(cache, s.val_fraction)
+    with torch.no_grad():
+        return float(np.mean([tr.loss(E.Batch(cache, g, s.ttt_steps))[0].item()
+                              for g in docs.batches(docs.train, s.batch_tokens, None)]))
+
+
+def test_training_time_test_lowers_the_unrolled_loss_and_resumes_exactly(env, cache, tmp_path, monkeypatch):
+    s = settings()
+    head = E.train(cache, env["target"], "tiny", "fp", s, tmp_path / "a", progress=False)
+    docs = E.Documents(cache, s.val_fraction)
+    vocab, _ = E.draft_vocabulary(np.concatenate([cache.labels[a:b] for a, b in docs.train]), 40)
+    before = unrolled_loss(E.new_head(env["target"], "tiny", "fp", s, head.cfg.aux_layers, vocab), env, cache, s)
+    after = unrolled_loss(head, env, cache, s)
+    assert after < before - 0.5, (before, after)
+    t = head.cfg.training
+    assert len(t["val"]["alpha"]) == 4 and len(t["history"]) == 2 and t["history"][0]["tokens_seen"] > 0
+    assert head.to_target(torch.arange(40)).tolist() == vocab.tolist()
+
+    calls = {"n": 0}
+    real = E.Trainer.loss
+
+    def interrupted(self, batch):  # Ctrl-C in the 8th step (after the checkpoint at step 5)
+        calls["n"] += 1
+        if calls["n"] == 8:
+            raise KeyboardInterrupt
+        return real(self, batch)
+
+    monkeypatch.setattr(E.Trainer, "loss", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        E.train(cache, env["target"], "tiny", "fp", s, tmp_path / "b", progress=False)
+    monkeypatch.setattr(E.Trainer, "loss", real)
+    assert torch.load(tmp_path / "b" / E.CHECKPOINT, weights_only=False)["state"]["step"] == 7
+    resumed = E.train(cache, env["target"], "tiny", "fp", s, tmp_path / "b", resume=True, progress=False)
+    assert resumed.cfg.training["steps"] == t["steps"]
+    for k, v in head.state_dict().items():
+        assert torch.equal(v, resumed.state_dict()[k]), k
+
+
+def test_eagle1_regresses_features_with_frozen_lm_head(env, tmp_path):
+    layers = default_aux_layers(1, env["target"].cfg.num_layers)
+    c1 = hidden_cache.build(env["target"], iter(documents(env)), tmp_path / "c1", 600, {"layers": list(layers)},
+                            progress=False, layers=layers)
+    s = settings(version=1, epochs=2, ttt_steps=1)
+    head = E.train(c1, env["target"], "tiny", "fp", s, tmp_path / "v1", progress=False)
+    assert head.cfg.draft_vocab_size == env["target"].cfg.vocab_size and head.cfg.aux_layers == (2,)
+    assert torch.equal(head.fc.weight, torch.eye(64))  # EAGLE-1: features pass through
+    assert torch.equal(head.lm_head.weight, env["target"].lm_head.weight.float())
+
+
+def test_train_eagle_from_the_command_line(env, tmp_path, monkeypatch, capsys):
+    import json
+
+    from specdec.cli import main
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    data = tmp_path / "corpus.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"count {i}"}, {"role": "assistant", "content": "1 2 3 4 " * 9}]}
+            for i in range(6)]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "eagle"
+    args = ["train", "eagle", "--model", str(env["folder"]), "--data", str(data), "--tokens", "400", "--epochs", "1",
+            "--draft-vocab", "30", "--batch-tokens", "128", "--out", str(out), "--quiet", "--json"]
+    assert main(args) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["tokens"] == 400 and record["ttt_steps"] == 3 and len(record["val"]["alpha"]) == 6
+    head = EagleHead.load(out)
+    assert head.cfg.version == 3 and head.cfg.draft_vocab_size == 30 and head.cfg.aux_layers == (1, 0, 0)
+    assert head.cfg.training["steps"] == record["steps"]
+    from safetensors import safe_open
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("midlayer.self_attn.q_proj.weight").dtype == torch.float16
+        assert f.get_tensor("d2t").dtype == torch.int64 and f.get_tensor("t2d").dtype == torch.bool
+    assert main(args[:-2] + ["--resume", "--quiet"]) == 0  # the finished run's checkpoint: nothing left to do
+    assert main(args[:2] + ["--model", str(env["folder"]), "--ttt-steps", "0"]) == 2
+
+
+def test_validation_alpha_counts_only_positions_on_the_targets_greedy_path(env, monkeypatch):
+    """An oracle head (right everywhere but at depth 1 of row 0): α is 1 wherever measured, except depth 1,
+    and a position is measured only while the corpus follows the target's greedy tokens."""
+    n = 12
+    tokens = np.arange(3, 3 + n, dtype=np.int32)
+    labels = np.r_[tokens[1:], 50].astype(np.int32)
+    labels[5] = 60  # the target would not continue the corpus after token 5
+    cache = hidden_cache.HiddenCache(None, {}, labels=labels, tokens=tokens, doc=np.zeros(n, np.int32),
+                                     features=np.zeros((n, 64), np.float16))
+    cfg = EagleConfig.for_target(env["target"].cfg, "tiny", None, version=3)
+    s = settings(eval_depth=4)
+    tr = E.Trainer(EagleHead(cfg), None, cache, s)
+
+    def oracle(self, batch, steps, noise=False):
+        for j in range(steps):
+            pick = batch.labels[j].clamp(min=0).clone()
+            if j == 1:
+                pick[0, 0] = 1  # wrong at depth 1 of row 0
+            yield torch.nn.functional.one_hot(pick, 96).float(), None
+
+    monkeypatch.setattr(E.Trainer, "run", oracle)
+    got = tr.evaluate([(0, n)])
+    agree = labels[:-1] == tokens[1:]
+    reached = [0] * 4
+    for t in range(n - 1):
+        for j in range(4):
+            if t + 1 + j > n - 1 or not agree[t:t + j + 1].all() or (t == 0 and j == 2):
+                break
+            reached[j] += 1
+    assert got["reached"] == reached and reached[0] == 10
+    assert got["alpha"] == [1.0, round(1 - 1 / reached[1], 4), 1.0, 1.0]
+
+
+def test_shipped_smollm2_head_is_a_small_trained_eagle3_head():
+    from specdec.training.heads import SHIPPED
+
+    folder = SHIPPED / "smollm2-135m" / "eagle"
+    head = EagleHead.load(folder)
+    c = head.cfg
+    assert c.version == 3 and c.aux_layers == (1, 14, 26) and c.hidden_size == 576 and c.vocab_size == 49152
+    assert (folder / "model.safetensors").stat().st_size < 25e6 and not (folder / E.CHECKPOINT).exists()
+    t = c.training
+    assert t["ttt_steps"] >= 3 and len(t["val"]["alpha"]) == t["eval_depth"] and len(t["history"]) >= 3
+    assert t["history"][0]["tokens_seen"] < t["history"][-1]["tokens_seen"]  # the α-vs-tokens curve
+    assert head.t2d.sum() == c.draft_vocab_size and torch.equal(head.t2d[head.to_target(torch.arange(4))],
+                                                                 torch.ones(4, dtype=torch.bool))
+
+
+@pytest.mark.integration
+def test_shipped_smollm2_head_matches_the_target():
+    from specdec.store import resolve
+    from specdec.training.heads import SHIPPED, fingerprint
+
+    try:
+        folder = resolve("smollm2-135m")
+    except Exception as e:  # noqa: BLE001 - no network and no cache: nothing to test against
+        pytest.skip(f"smollm2-135m unavailable: {e}")
+    head = EagleHead.load(SHIPPED / "smollm2-135m" / "eagle")
+    target = load_transformer(folder)
+    head.cfg.check_target(target.cfg, "smollm2-135m", fingerprint(folder))
+    assert head.cfg.target_fingerprint == fingerprint(folder)
+
+
+def test_every_epoch_runs_all_its_batches_however_the_shuffle_groups_them(env, tmp_path):
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(10, 120, 16)
+    n = int(lengths.sum())
+    cache = hidden_cache.HiddenCache(None, {"layers": [1, 0, 0], "tokens": n, "documents": 16},
+                                     labels=rng.integers(3, 96, n).astype(np.int32),
+                                     tokens=rng.integers(3, 96, n).astype(np.int32),
+                                     doc=np.repeat(np.arange(16), lengths).astype(np.int32),
+                                     features=rng.standard_normal((n, 192)).astype(np.float16))
+    s = settings(epochs=3, batch_tokens=200, evals=2)
+    docs = E.Documents(cache, s.val_fraction)
+    counts = [len(docs.batches(docs.train, s.batch_tokens, s.seed + e)) for e in range(s.epochs)]
+    assert len(set(counts)) > 1  # the shuffles group the documents into different numbers of batches
+    head = E.train(cache, env["target"], "tiny", "fp", s, tmp_path, progress=False)
+    total = sum(counts)
+    assert head.cfg.training["steps"] == total
+    assert [h["step"] for h in head.cfg.training["history"]] == [round(total / 2), total]  # at 50% and 100%
