@@ -1,5 +1,5 @@
-"""Quantized weights (q8, q4): the integer kernels on every instruction set give the torch code's bits for any n
-and thread count, the GGUF's own 4-bit blocks load losslessly, and on tiny models a forward over n positions is
+"""Quantized weights (q8, q4, and the GGUF's Q4_K / Q6_K kept as q4k / q6k): the integer kernels on every instruction
+set give the torch code's bits for any n and thread count, the GGUF's own blocks load losslessly, and on tiny models a forward over n positions is
 bit-identical to n single-position forwards, so every speculative method gives plain decoding's tokens."""
 
 import gguf
@@ -39,11 +39,29 @@ def test_instruction_sets_found():
     assert "avx2" in USES or Q.reason()  # the C kernel builds here, or says why not
 
 
-@pytest.mark.parametrize("fmt", Q.FORMATS)
-@pytest.mark.parametrize("out_f,in_f", SHAPES)
+def _raw_k(qtype, rows, cols, seed=0):
+    """Random Q4_K / Q6_K super-blocks: any bytes are valid but for the fp16 scales (sane values)."""
+    rng = np.random.default_rng(seed)
+    size, halves = {"Q4_K": (144, (0, 2)), "Q6_K": (210, (208,))}[qtype]
+    b = rng.integers(0, 256, size=(rows * cols // 256, size), dtype=np.uint8)
+    for k in halves:
+        b[:, k:k + 2] = rng.uniform(0.001, 0.01, (len(b), 1)).astype(np.float16).view(np.uint8)
+    return b
+
+
+def k_weight(qtype, rows, cols, seed=0):
+    fmt = quantized.RAW[qtype]
+    return Q.pack(fmt, *quantized.k_blocks(_raw_k(qtype, rows, cols, seed), qtype, rows, cols), in_features=cols)
+
+
+K_SHAPES = [(1, 256), (16, 512), (77, 768), (33, 1536)]
+CASES = [(fmt, o, i) for fmt in Q.FORMATS for o, i in SHAPES] + [(f, o, i) for f in ("q4k", "q6k") for o, i in K_SHAPES]
+
+
+@pytest.mark.parametrize("fmt,out_f,in_f", CASES)
 def test_every_isa_gives_the_same_bits_for_any_n(fmt, out_f, in_f):
     w, x, b = case(out_f, in_f, 17)
-    qw = Q.from_fp32(w, fmt)
+    qw = Q.from_fp32(w, fmt) if fmt in Q.FORMATS else k_weight({"q4k": "Q4_K", "q6k": "Q6_K"}[fmt], out_f, in_f)
     want = Q.reference(x, qw, b)
     for use in USES:
         for n in range(1, 18):
@@ -105,29 +123,39 @@ def test_failed_build_runs_the_torch_path_with_one_warning(monkeypatch, tmp_path
 
 # --- the GGUF's own 4-bit blocks -------------------------------------------------------------------
 
-def _raw_q4k(rows, cols, seed=0):
-    """Random Q4_K blocks: any bytes are valid but for d and dmin (sane fp16 values)."""
-    rng = np.random.default_rng(seed)
-    b = rng.integers(0, 256, size=(rows * cols // 256, 144), dtype=np.uint8)
-    b[:, 0:2] = rng.uniform(0.001, 0.01, (len(b), 1)).astype(np.float16).view(np.uint8)
-    b[:, 2:4] = rng.uniform(0.001, 0.01, (len(b), 1)).astype(np.float16).view(np.uint8)
-    return b
-
-
-@pytest.mark.parametrize("qtype", quantized.RAW_Q4 + quantized.RAW_Q8)
+@pytest.mark.parametrize("qtype", list(quantized.RAW))
 def test_gguf_blocks_are_lossless(qtype):
     rows, cols = 6, 512
-    t = gguf.GGMLQuantizationType[qtype]
-    if qtype == "Q4_K":
-        raw = _raw_q4k(rows, cols)
+    t, fmt = gguf.GGMLQuantizationType[qtype], quantized.RAW[qtype]
+    if fmt in ("q4k", "q6k"):
+        raw = _raw_k(qtype, rows, cols)
+        blocks = quantized.k_blocks(raw, qtype, rows, cols)
+        assert blocks[0].max() <= (15 if fmt == "q4k" else 63)
     else:
         raw = gguf.quants.quantize(np.random.default_rng(1).standard_normal((rows, cols)).astype(np.float32), t)
+        blocks = (quantized.q4_blocks if fmt == "q4" else quantized.q8_blocks)(raw, qtype, rows, cols)
+        assert blocks[0].max() <= (15 if fmt == "q4" else 127) and blocks[0].min() >= (0 if fmt == "q4" else -127)
     want = torch.from_numpy(gguf.quants.dequantize(raw, t).reshape(rows, cols).astype(np.float32))
-    fmt = "q4" if qtype in quantized.RAW_Q4 else "q8"
-    q, s, m = (quantized.q4_blocks if fmt == "q4" else quantized.q8_blocks)(raw, qtype, rows, cols)
-    assert q.max() <= (15 if fmt == "q4" else 127) and q.min() >= (0 if fmt == "q4" else -127)
-    qw = Q.pack(fmt, q, s, m, in_features=cols)
+    qw = Q.pack(fmt, *blocks, in_features=cols)
     assert torch.equal(Q.dequantize(qw), want)  # the same fp32 weights, bit for bit
+    assert all(torch.equal(a.to(torch.float64), b.to(torch.float64)) for a, b in zip(Q.unpack(qw), blocks)
+               if b is not None)
+
+
+def test_q4k_gives_q4s_bits_in_fewer_bytes():
+    """Q4_K kept as q4k is the same weights as q4 with s = d*sc and m = dmin*mn (exact): the same logits."""
+    qw = k_weight("Q4_K", 40, 768)
+    q, s, m = Q._as_q4(qw)
+    as_q4 = Q.pack("q4", q.to(torch.uint8), s, m, in_features=768)
+    x = torch.randn(5, 768)
+    assert torch.equal(Q.matmul(x, qw), Q.matmul(x, as_q4)) and torch.equal(Q.reference(x, qw), Q.reference(x, as_q4))
+    assert qw.nbytes / as_q4.nbytes == pytest.approx(0.59375 / 0.75)
+
+
+def test_k_formats_need_whole_super_blocks():
+    q, d, sc = quantized.k_blocks(_raw_k("Q6_K", 16, 512), "Q6_K", 16, 512)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        Q.pack("q6k", q[:, :15], d, sc, in_features=480)
 
 
 def test_q4_from_a_gguf_keeps_its_blocks(tmp_path):
