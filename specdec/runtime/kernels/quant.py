@@ -253,16 +253,17 @@ def isa() -> str:
     """The instruction set the matmul runs on: vnni512, avx2, or torch (forced by SPECDEC_QKERNEL).
     Asked once per matmul, so the answer is remembered for the setting and library it came from."""
     global _isa
-    key = os.environ.get("SPECDEC_QKERNEL", "").strip().lower() + ("" if kernels.enabled() else " off")
-    if _state and _isa is not None and _isa[0] == key:
+    env = (os.environ.get("SPECDEC_QKERNEL"), os.environ.get("SPECDEC_KERNEL"))
+    if _state and _isa is not None and _isa[0] == env:
         return _isa[1]
-    if key.startswith("torch") or key.endswith(" off"):
+    forced = (env[0] or "").strip().lower()
+    if forced == "torch" or not kernels.enabled():
         return "torch"
     lib = _load()
     if lib is None:
         return "torch"
-    found = next((name for name, code in ISAS.items() if key in ("", name) and lib.qgemm_supported(code)), "torch")
-    _isa = (key, found)
+    found = next((name for name, code in ISAS.items() if forced in ("", name) and lib.qgemm_supported(code)), "torch")
+    _isa = (env, found)
     return found
 
 
