@@ -188,6 +188,23 @@ def test_q4_from_a_gguf_keeps_its_blocks(tmp_path):
     assert model.lm_head.parts[0].fmt == "q8"  # the tied table is Q8_0 in the file
 
 
+def test_a_cache_of_another_layout_is_rebuilt(tiny_folder, monkeypatch):
+    """A cache written by an older layout is never read (its name and metadata differ): the new one is built,
+    and older versioned caches beside it are removed."""
+    path = quantized.cache_path(tiny_folder, "q8")
+    assert path.name == f"q8-v{quantized.LAYOUT}.safetensors"
+    old = path.with_name("q8-v1.safetensors")
+    with monkeypatch.context() as m:
+        m.setattr(quantized, "LAYOUT", "1")
+        quantized.load(tiny_folder, "q8")
+    assert old.is_file() and not path.exists()
+    path.write_bytes(old.read_bytes())  # an older layout's bytes under the new name: refused by its metadata
+    assert quantized._load(path) is None
+    weights, _ = quantized.load(tiny_folder, "q8")
+    assert quantized._load(path) is not None and not old.exists()
+    assert weights["lm_head"][0].fmt == "q8"
+
+
 # --- tiny models -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fmt", Q.FORMATS)
