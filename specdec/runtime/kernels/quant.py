@@ -174,7 +174,6 @@ def unpack(qw: QWeight) -> tuple:
         return q.reshape(-1, nb, BLOCK)[:qw.out_features], rows(qw.scales), None
     if qw.fmt == "q4":
         return _from_nibbles(qw.data)[:qw.out_features], rows(qw.scales), rows(qw.mins)
-    supers = nb * BLOCK // SUPER
     nib = _from_nibbles(qw.data[..., :2048].reshape(groups, nb, 256))[:qw.out_features]
     if qw.fmt == "q4k":
         k = qw.data[..., 2048:]
@@ -182,9 +181,7 @@ def unpack(qw: QWeight) -> tuple:
     h = qw.data[..., 2048:3072].reshape(groups, nb, 2, GROUP, 4).to(torch.int32)  # [g, nb, p, k, e]
     h = (h[..., None] >> torch.tensor([0, 2, 4, 6])) & 3                          # [g, nb, p, k, e, j]
     h = h.permute(0, 3, 1, 2, 5, 4).reshape(-1, nb, BLOCK)[:qw.out_features]
-    sc = rows(qw.data[..., 3072:].contiguous(), 16).view(torch.int8)
-    assert sc.shape[1] == 16 * supers
-    return nib | (h << 4), rows(qw.scales), sc
+    return nib | (h << 4), rows(qw.scales), rows(qw.data[..., 3072:], 16).view(torch.int8)
 
 
 def _as_q4(qw: QWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
