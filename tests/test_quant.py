@@ -205,6 +205,63 @@ def test_a_cache_of_another_layout_is_rebuilt(tiny_folder, monkeypatch):
     assert weights["lm_head"][0].fmt == "q8"
 
 
+@pytest.fixture(scope="module")
+def kquant_env(tmp_path_factory):
+    """A tiny qwen2 GGUF holding Q4_K and Q6_K super-blocks, loaded in q4 (and the draft, another seed)."""
+    from specdec.store import resolve
+    from tests.test_store import build_tiny_gguf
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPECDEC_HOME", str(tmp_path_factory.mktemp("home")))
+    dirs = [resolve(str(build_tiny_gguf(tmp_path_factory.mktemp("k") / f"k{s}.gguf", "qwen2", tied=True, seed=s,
+                                        n_embd=256, n_ff=256, kquants=True))) for s in (0, 1)]
+    weights, summary = quantized.load(dirs[0], "q4")
+    env = dict(folder=dirs[0], weights=weights, summary=summary, target=load_transformer(dirs[0], "q4"),
+               draft=load_transformer(dirs[1], "q4"), tok=Tokenizer(dirs[0]))
+    mp.undo()
+    return env
+
+
+def test_q4_keeps_q4k_and_q6k_super_blocks(kquant_env):
+    """Q4_K and Q6_K load as stored: the same fp32 weights as the converted folder's (gguf's dequantization)."""
+    from safetensors.torch import load_file
+
+    env = kquant_env
+    assert env["summary"]["q4k (Q4_K, as stored)"] == 4 and env["summary"]["q6k (Q6_K, as stored)"] == 5
+    fp32 = load_file(str(env["folder"] / "model.safetensors"))
+    mlp = "model.layers.1.mlp."
+    assert [p.fmt for p in env["weights"]["layers.1.qkv"]] == ["q4", "q8", "q6k"]
+    assert [p.fmt for p in env["weights"]["layers.1.gate_up"]] == ["q4k"]
+    assert torch.equal(Q.dequantize(env["weights"]["layers.1.gate_up"][0]),
+                       torch.cat([fp32[mlp + "gate_proj.weight"], fp32[mlp + "up_proj.weight"]]))
+    assert torch.equal(Q.dequantize(env["weights"]["layers.1.down"][0]), fp32[mlp + "down_proj.weight"])
+    assert torch.equal(Q.dequantize(env["weights"]["layers.1.qkv"][2]), fp32["model.layers.1.self_attn.v_proj.weight"])
+    assert env["target"].lm_head.parts[0].fmt == "q6k"
+
+
+def test_kquant_model_bit_exact_across_n_and_speculation_equals_plain(kquant_env):
+    env = kquant_env
+    model = env["target"]
+    ids = torch.randint(0, 200, (1, 21), generator=torch.Generator().manual_seed(5))
+    cache = model.new_cache(64)
+    model(ids[:, :6], cache)
+    chain = model(ids[:, 6:], cache).logits
+    cache = model.new_cache(64)
+    model(ids[:, :6], cache)
+    singles = torch.cat([model(ids[:, i:i + 1], cache).logits for i in range(6, 21)], 1)
+    assert torch.equal(chain, singles)
+
+    def run(ids, drafter=None, policy=None):
+        return list(decode(model, env["tok"], ids, Request(max_new_tokens=24), drafter, policy))[-1].result
+
+    for text in ("the cat sat. the cat", "def f(a): a. def f("):  # the tiny GGUF's context is 64
+        ids = env["tok"].encode(text, chat=False)
+        plain = run(ids)
+        for drafter in (PromptLookup(), DraftModel(env["draft"], model.cfg.vocab_size, model.cfg.vocab_size),
+                        EarlyExit(model, 1, max_len=64)):
+            assert run(ids, drafter, FixedK(4)).token_ids == plain.token_ids, drafter.name
+
+
 # --- tiny models -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fmt", Q.FORMATS)
