@@ -198,10 +198,12 @@ def test_a_cache_of_another_layout_is_rebuilt(tiny_folder, monkeypatch):
         m.setattr(quantized, "LAYOUT", "1")
         quantized.load(tiny_folder, "q8")
     assert old.is_file() and not path.exists()
+    legacy = path.with_name("q8.safetensors")  # layouts 1-2 named the file so
+    legacy.write_bytes(old.read_bytes())
     path.write_bytes(old.read_bytes())  # an older layout's bytes under the new name: refused by its metadata
     assert quantized._load(path) is None
     weights, _ = quantized.load(tiny_folder, "q8")
-    assert quantized._load(path) is not None and not old.exists()
+    assert quantized._load(path) is not None and not old.exists() and not legacy.exists()
     assert weights["lm_head"][0].fmt == "q8"
 
 

@@ -14,8 +14,9 @@ a known model's packages, fetched again (pip's cache makes that seconds).
 Cache: `<model folder>/quant/<fmt>-v<LAYOUT>.safetensors` for folders in the store, else
 `$SPECDEC_HOME/quant/<folder key>/<fmt>-v<LAYOUT>.safetensors`; written atomically, with the layout version
 and a summary of the sources in its metadata. A cache of another layout is never read (its name differs,
-and its metadata is checked too): it is rebuilt, and an older one is removed once the new one is saved. A fused projection (q|k|v, gate|up) whose parts come in
-different formats keeps one part per run of rows in one format.
+and its metadata is checked too): it is rebuilt, and the older ones (`<fmt>.safetensors` before layout 3)
+are removed once the new one is saved. A fused projection (q|k|v, gate|up) whose parts come in different
+formats keeps one part per run of rows in one format.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def k_blocks(data: np.ndarray, qtype: str, rows: int, cols: int) -> tuple[torch.
     lo = (b[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 15
     hi = (b[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3
     q = lo.reshape(-1, 256) | (hi.reshape(-1, 256) << 4)
-    return t(q, cols // 32, 32), t(b[:, 208:210].view(np.float16).astype(np.float32), -1), t(b[:, 192:208].view(np.int8), -1)
+    d = b[:, 208:210].view(np.float16).astype(np.float32)
+    return t(q, cols // 32, 32), t(d, -1), t(b[:, 192:208].view(np.int8), -1)
 
 
 def q4_blocks(data: np.ndarray, qtype: str, rows: int, cols: int):
@@ -279,8 +281,8 @@ def load(folder: Path, fmt: str, gguf_path: Path | None = None) -> tuple[dict[st
             src = gguf_path or (source_gguf(folder, work) if fmt == "q4" else None)
             weights, summary = build(folder, fmt, src)
             _save(path, weights, {"summary": json.dumps(summary)})
-            for old in path.parent.glob(f"{fmt}-v*.safetensors"):  # other layouts' caches
-                if old != path:
+            for old in [*path.parent.glob(f"{fmt}-v*.safetensors"), path.with_name(f"{fmt}.safetensors")]:
+                if old != path:  # other layouts' caches
                     old.unlink(missing_ok=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
