@@ -1,5 +1,5 @@
-"""Quantized weights (q8, q4): the integer kernels on every instruction set give the torch code's bits for any n
-and thread count, the GGUF's own 4-bit blocks load losslessly, and on tiny models a forward over n positions is
+"""Quantized weights (q8, q4, and the GGUF's Q4_K / Q6_K kept as q4k / q6k): the integer kernels on every instruction
+set give the torch code's bits for any n and thread count, the GGUF's own blocks load losslessly, and on tiny models a forward over n positions is
 bit-identical to n single-position forwards, so every speculative method gives plain decoding's tokens."""
 
 import gguf
@@ -39,11 +39,29 @@ def test_instruction_sets_found():
     assert "avx2" in USES or Q.reason()  # the C kernel builds here, or says why not
 
 
-@pytest.mark.parametrize("fmt", Q.FORMATS)
-@pytest.mark.parametrize("out_f,in_f", SHAPES)
+def _raw_k(qtype, rows, cols, seed=0):
+    """Random Q4_K / Q6_K super-blocks: any bytes are valid but for the fp16 scales (sane values)."""
+    rng = np.random.default_rng(seed)
+    size, halves = {"Q4_K": (144, (0, 2)), "Q6_K": (210, (208,))}[qtype]
+    b = rng.integers(0, 256, size=(rows * cols // 256, size), dtype=np.uint8)
+    for k in halves:
+        b[:, k:k + 2] = rng.uniform(0.001, 0.01, (len(b), 1)).astype(np.float16).view(np.uint8)
+    return b
+
+
+def k_weight(qtype, rows, cols, seed=0):
+    fmt = quantized.RAW[qtype]
+    return Q.pack(fmt, *quantized.k_blocks(_raw_k(qtype, rows, cols, seed), qtype, rows, cols), in_features=cols)
+
+
+K_SHAPES = [(1, 256), (16, 512), (77, 768), (33, 1536)]
+CASES = [(fmt, o, i) for fmt in Q.FORMATS for o, i in SHAPES] + [(f, o, i) for f in ("q4k", "q6k") for o, i in K_SHAPES]
+
+
+@pytest.mark.parametrize("fmt,out_f,in_f", CASES)
 def test_every_isa_gives_the_same_bits_for_any_n(fmt, out_f, in_f):
     w, x, b = case(out_f, in_f, 17)
-    qw = Q.from_fp32(w, fmt)
+    qw = Q.from_fp32(w, fmt) if fmt in Q.FORMATS else k_weight({"q4k": "Q4_K", "q6k": "Q6_K"}[fmt], out_f, in_f)
     want = Q.reference(x, qw, b)
     for use in USES:
         for n in range(1, 18):
@@ -105,29 +123,39 @@ def test_failed_build_runs_the_torch_path_with_one_warning(monkeypatch, tmp_path
 
 # --- the GGUF's own 4-bit blocks -------------------------------------------------------------------
 
-def _raw_q4k(rows, cols, seed=0):
-    """Random Q4_K blocks: any bytes are valid but for d and dmin (sane fp16 values)."""
-    rng = np.random.default_rng(seed)
-    b = rng.integers(0, 256, size=(rows * cols // 256, 144), dtype=np.uint8)
-    b[:, 0:2] = rng.uniform(0.001, 0.01, (len(b), 1)).astype(np.float16).view(np.uint8)
-    b[:, 2:4] = rng.uniform(0.001, 0.01, (len(b), 1)).astype(np.float16).view(np.uint8)
-    return b
-
-
-@pytest.mark.parametrize("qtype", quantized.RAW_Q4 + quantized.RAW_Q8)
+@pytest.mark.parametrize("qtype", list(quantized.RAW))
 def test_gguf_blocks_are_lossless(qtype):
     rows, cols = 6, 512
-    t = gguf.GGMLQuantizationType[qtype]
-    if qtype == "Q4_K":
-        raw = _raw_q4k(rows, cols)
+    t, fmt = gguf.GGMLQuantizationType[qtype], quantized.RAW[qtype]
+    if fmt in ("q4k", "q6k"):
+        raw = _raw_k(qtype, rows, cols)
+        blocks = quantized.k_blocks(raw, qtype, rows, cols)
+        assert blocks[0].max() <= (15 if fmt == "q4k" else 63)
     else:
         raw = gguf.quants.quantize(np.random.default_rng(1).standard_normal((rows, cols)).astype(np.float32), t)
+        blocks = (quantized.q4_blocks if fmt == "q4" else quantized.q8_blocks)(raw, qtype, rows, cols)
+        assert blocks[0].max() <= (15 if fmt == "q4" else 127) and blocks[0].min() >= (0 if fmt == "q4" else -127)
     want = torch.from_numpy(gguf.quants.dequantize(raw, t).reshape(rows, cols).astype(np.float32))
-    fmt = "q4" if qtype in quantized.RAW_Q4 else "q8"
-    q, s, m = (quantized.q4_blocks if fmt == "q4" else quantized.q8_blocks)(raw, qtype, rows, cols)
-    assert q.max() <= (15 if fmt == "q4" else 127) and q.min() >= (0 if fmt == "q4" else -127)
-    qw = Q.pack(fmt, q, s, m, in_features=cols)
+    qw = Q.pack(fmt, *blocks, in_features=cols)
     assert torch.equal(Q.dequantize(qw), want)  # the same fp32 weights, bit for bit
+    assert all(torch.equal(a.to(torch.float64), b.to(torch.float64)) for a, b in zip(Q.unpack(qw), blocks)
+               if b is not None)
+
+
+def test_q4k_gives_q4s_bits_in_fewer_bytes():
+    """Q4_K kept as q4k is the same weights as q4 with s = d*sc and m = dmin*mn (exact): the same logits."""
+    qw = k_weight("Q4_K", 40, 768)
+    q, s, m = Q._as_q4(qw)
+    as_q4 = Q.pack("q4", q.to(torch.uint8), s, m, in_features=768)
+    x = torch.randn(5, 768)
+    assert torch.equal(Q.matmul(x, qw), Q.matmul(x, as_q4)) and torch.equal(Q.reference(x, qw), Q.reference(x, as_q4))
+    assert qw.nbytes / as_q4.nbytes == pytest.approx(0.59375 / 0.75)
+
+
+def test_k_formats_need_whole_super_blocks():
+    q, d, sc = quantized.k_blocks(_raw_k("Q6_K", 16, 512), "Q6_K", 16, 512)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        Q.pack("q6k", q[:, :15], d, sc, in_features=480)
 
 
 def test_q4_from_a_gguf_keeps_its_blocks(tmp_path):
@@ -158,6 +186,82 @@ def test_q4_from_a_gguf_keeps_its_blocks(tmp_path):
     model = load_transformer(folder, "q4")
     assert model.dtype == "q4" and model.row_exact and isinstance(model.lm_head, QLinear)
     assert model.lm_head.parts[0].fmt == "q8"  # the tied table is Q8_0 in the file
+
+
+def test_a_cache_of_another_layout_is_rebuilt(tiny_folder, monkeypatch):
+    """A cache written by an older layout is never read (its name and metadata differ): the new one is built,
+    and older versioned caches beside it are removed."""
+    path = quantized.cache_path(tiny_folder, "q8")
+    assert path.name == f"q8-v{quantized.LAYOUT}.safetensors"
+    old = path.with_name("q8-v1.safetensors")
+    with monkeypatch.context() as m:
+        m.setattr(quantized, "LAYOUT", "1")
+        quantized.load(tiny_folder, "q8")
+    assert old.is_file() and not path.exists()
+    legacy = path.with_name("q8.safetensors")  # layouts 1-2 named the file so
+    legacy.write_bytes(old.read_bytes())
+    path.write_bytes(old.read_bytes())  # an older layout's bytes under the new name: refused by its metadata
+    assert quantized._load(path) is None
+    weights, _ = quantized.load(tiny_folder, "q8")
+    assert quantized._load(path) is not None and not old.exists() and not legacy.exists()
+    assert weights["lm_head"][0].fmt == "q8"
+
+
+@pytest.fixture(scope="module")
+def kquant_env(tmp_path_factory):
+    """A tiny qwen2 GGUF holding Q4_K and Q6_K super-blocks, loaded in q4 (and the draft, another seed)."""
+    from specdec.store import resolve
+    from tests.test_store import build_tiny_gguf
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPECDEC_HOME", str(tmp_path_factory.mktemp("home")))
+    dirs = [resolve(str(build_tiny_gguf(tmp_path_factory.mktemp("k") / f"k{s}.gguf", "qwen2", tied=True, seed=s,
+                                        n_embd=256, n_ff=256, kquants=True))) for s in (0, 1)]
+    weights, summary = quantized.load(dirs[0], "q4")
+    env = dict(folder=dirs[0], weights=weights, summary=summary, target=load_transformer(dirs[0], "q4"),
+               draft=load_transformer(dirs[1], "q4"), tok=Tokenizer(dirs[0]))
+    mp.undo()
+    return env
+
+
+def test_q4_keeps_q4k_and_q6k_super_blocks(kquant_env):
+    """Q4_K and Q6_K load as stored: the same fp32 weights as the converted folder's (gguf's dequantization)."""
+    from safetensors.torch import load_file
+
+    env = kquant_env
+    assert env["summary"]["q4k (Q4_K, as stored)"] == 4 and env["summary"]["q6k (Q6_K, as stored)"] == 5
+    fp32 = load_file(str(env["folder"] / "model.safetensors"))
+    mlp = "model.layers.1.mlp."
+    assert [p.fmt for p in env["weights"]["layers.1.qkv"]] == ["q4", "q8", "q6k"]
+    assert [p.fmt for p in env["weights"]["layers.1.gate_up"]] == ["q4k"]
+    assert torch.equal(Q.dequantize(env["weights"]["layers.1.gate_up"][0]),
+                       torch.cat([fp32[mlp + "gate_proj.weight"], fp32[mlp + "up_proj.weight"]]))
+    assert torch.equal(Q.dequantize(env["weights"]["layers.1.down"][0]), fp32[mlp + "down_proj.weight"])
+    assert torch.equal(Q.dequantize(env["weights"]["layers.1.qkv"][2]), fp32["model.layers.1.self_attn.v_proj.weight"])
+    assert env["target"].lm_head.parts[0].fmt == "q6k"
+
+
+def test_kquant_model_bit_exact_across_n_and_speculation_equals_plain(kquant_env):
+    env = kquant_env
+    model = env["target"]
+    ids = torch.randint(0, 200, (1, 21), generator=torch.Generator().manual_seed(5))
+    cache = model.new_cache(64)
+    model(ids[:, :6], cache)
+    chain = model(ids[:, 6:], cache).logits
+    cache = model.new_cache(64)
+    model(ids[:, :6], cache)
+    singles = torch.cat([model(ids[:, i:i + 1], cache).logits for i in range(6, 21)], 1)
+    assert torch.equal(chain, singles)
+
+    def run(ids, drafter=None, policy=None):
+        return list(decode(model, env["tok"], ids, Request(max_new_tokens=24), drafter, policy))[-1].result
+
+    for text in ("the cat sat. the cat", "def f(a): a. def f("):  # the tiny GGUF's context is 64
+        ids = env["tok"].encode(text, chat=False)
+        plain = run(ids)
+        for drafter in (PromptLookup(), DraftModel(env["draft"], model.cfg.vocab_size, model.cfg.vocab_size),
+                        EarlyExit(model, 1, max_len=64)):
+            assert run(ids, drafter, FixedK(4)).token_ids == plain.token_ids, drafter.name
 
 
 # --- tiny models -----------------------------------------------------------------------------------

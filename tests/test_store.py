@@ -46,8 +46,11 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def build_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True, seed: int = 0,
-                    n_embd: int = 32, n_ff: int = 64, n_layer: int = 2, n_head: int = 4, n_kv: int = 2) -> Path:
-    """A tiny random llama/qwen2 GGUF with a byte-level BPE tokenizer and quantized weights."""
+                    n_embd: int = 32, n_ff: int = 64, n_layer: int = 2, n_head: int = 4, n_kv: int = 2,
+                    kquants: bool = False) -> Path:
+    """A tiny random llama/qwen2 GGUF with a byte-level BPE tokenizer and quantized weights. `kquants`: the
+    embedding, v, gate, up and down projections in Q4_K / Q6_K as a Q4_K_M file has them (random super-blocks:
+    gguf-py does not write K-quants; n_embd and n_ff must then be multiples of 256)."""
     rng = np.random.default_rng(seed)
     b2u = _bytes_to_unicode()
     merges = ["Ġ t", "h e", "Ġt he", "i n"]
@@ -81,28 +84,35 @@ def build_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True, seed: in
             w.add_tensor(name, a)
         elif q == Q.F16:
             w.add_tensor(name, a.astype(np.float16))
+        elif q in (Q.Q4_K, Q.Q6_K):
+            size, halves = {Q.Q4_K: (144, (0, 2)), Q.Q6_K: (210, (208,))}[q]
+            raw = rng.integers(0, 256, size=(shape[0], shape[1] // 256, size), dtype=np.uint8)
+            for k in halves:  # fp16 scales: any other bytes are valid
+                raw[..., k:k + 2] = rng.uniform(2e-4, 1e-3, raw.shape[:2] + (1,)).astype(np.float16).view(np.uint8)
+            w.add_tensor(name, raw.reshape(shape[0], -1), raw_dtype=q)
         else:
             w.add_tensor(name, gguf.quants.quantize(a, q), raw_dtype=q)
 
     # a mix of the quantizations gguf-py can write (real files add K-quants); Q and K (which llama
     # permutes) use different ones
     hd = n_embd // n_head
-    tensor("token_embd.weight", (len(tokens), n_embd), Q.Q8_0)
+    k4, k6 = (Q.Q4_K, Q.Q6_K) if kquants else (None, None)
+    tensor("token_embd.weight", (len(tokens), n_embd), k6 or Q.Q8_0)
     for i in range(n_layer):
         p = f"blk.{i}."
         tensor(p + "attn_norm.weight", (n_embd,))
         tensor(p + "ffn_norm.weight", (n_embd,))
         tensor(p + "attn_q.weight", (n_embd, n_embd), Q.Q4_1)
         tensor(p + "attn_k.weight", (n_kv * hd, n_embd), Q.Q5_0)
-        tensor(p + "attn_v.weight", (n_kv * hd, n_embd), Q.Q8_0)
+        tensor(p + "attn_v.weight", (n_kv * hd, n_embd), k6 or Q.Q8_0)
         tensor(p + "attn_output.weight", (n_embd, n_embd), Q.Q4_0)
         if arch == "qwen2":
             tensor(p + "attn_q.bias", (n_embd,))
             tensor(p + "attn_k.bias", (n_kv * hd,))
             tensor(p + "attn_v.bias", (n_kv * hd,))
-        tensor(p + "ffn_gate.weight", (n_ff, n_embd), Q.Q5_1)
-        tensor(p + "ffn_up.weight", (n_ff, n_embd), Q.F16)
-        tensor(p + "ffn_down.weight", (n_embd, n_ff), Q.BF16)
+        tensor(p + "ffn_gate.weight", (n_ff, n_embd), k4 or Q.Q5_1)
+        tensor(p + "ffn_up.weight", (n_ff, n_embd), k4 or Q.F16)
+        tensor(p + "ffn_down.weight", (n_embd, n_ff), k6 or Q.BF16)
     tensor("output_norm.weight", (n_embd,))
     if not tied:
         tensor("output.weight", (len(tokens), n_embd), Q.Q8_0)

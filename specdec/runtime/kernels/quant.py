@@ -1,12 +1,17 @@
-"""Quantized weights (q8, q4) and their matmul: `y = x @ W^T` with W in blocks of 32, x and y in fp32.
+"""Quantized weights and their matmul: `y = x @ W^T` with W in blocks of 32, x and y in fp32.
 
-Formats (one scale per block of 32 inputs of one output row, fp32 so nothing from a GGUF file rounds):
-  q8: w = d * q,      q an int8 in -127..127 (GGUF Q8_0 with an fp32 scale);
-  q4: w = s * q - m,  q in 0..15 (GGUF Q4_1 with fp32 scale and min). This holds GGUF Q4_K losslessly:
-      a Q4_K super-block of 256 is 8 sub-blocks of 32 with w = d*sc*q - dmin*mn, so s = d*sc and
-      m = dmin*mn (both exact in fp32: an fp16 times a 6-bit integer). Q4_1 (w = d*q + mn) and Q4_0
-      (w = d*(q - 8)) map directly too.
-Bytes per weight: q8 1.125, q4 0.75 (Q4_K's own 0.5625 plus the wider scales).
+Formats (per output row, per block of 32 inputs; scales fp32 so nothing from a GGUF file rounds):
+  q8:  w = d * q,      q an int8 in -127..127 (GGUF Q8_0 with an fp32 scale);
+  q4:  w = s * q - m,  q in 0..15 (GGUF Q4_1 with fp32 scale and min). Q4_1 (w = d*q + mn) and Q4_0
+       (w = d*(q - 8)) map to it directly;
+  q4k: GGUF Q4_K as it is: super-blocks of 256 = 8 blocks of 32 with w = (d*sc)*q - dmin*mn, sc and mn
+       6-bit integers per block (stored as bytes), d and dmin per super-block. s = d*sc and m = dmin*mn
+       are exact in fp32 (an fp16 times a 6-bit integer), so the kernel computes them and gives q4's bits;
+  q6k: GGUF Q6_K as it is: super-blocks of 256 = 16 sub-blocks of 16 with w = (d*sc)*(q - 32), q in
+       0..63, sc an int8 per sub-block, d per super-block (exact in fp32 likewise).
+Bytes per weight: q8 1.125, q4 0.75, q4k 0.5938 (the file's 0.5625), q6k 0.8281 (the file's 0.8203).
+The `--dtype` names are q8 and q4 (FORMATS); a q4 model holds q4k, q6k, q4 and q8 parts as its GGUF has
+them (`specdec.store.quantized`).
 
 The matmul quantizes each row of x per block of 32 to int8 (GGUF Q8_0 activations: the scale depends
 only on that row), takes exact integer dot products per block and applies the block scales in one fixed
@@ -15,9 +20,10 @@ whatever n is: a forward over n positions is bit-identical to n single-position 
 instruction set (AVX512-VNNI `vpdpbusd`, AVX2 `vpmaddubsw` + `vpmaddwd`, or the torch code below) does
 not change a single bit either.
 
-Worked example, Qwen2.5-Coder-1.5B from its Q4_K_M file: the 1.31 G layer weights are Q4_K (0.75 bytes
-here) except half the down and v projections (Q6_K, kept as q8 at 1.125 bytes), the LM head is Q6_K
-(233 M weights as q8: 262 MB): about 1.3 GB a step against 3.1 GB in bf16.
+Worked example, Qwen2.5-Coder-1.5B from its Q4_K_M file: the 1.31 G layer weights are Q4_K (q4k, 0.594
+bytes) except half the down and v projections (Q6_K: q6k, 0.828 bytes), and the LM head is Q6_K (233 M
+weights: 193 MB): about 1.02 GB a step against the file's 1.1 GB (it also holds the embedding table)
+and 3.1 GB in bf16.
 
 Dispatch: the best ISA the CPU has (`SPECDEC_QKERNEL=vnni512|avx2|torch` forces one: tests compare
 them). The C library is built on first use like the bf16 kernel (`specdec.runtime.kernels`); without
@@ -39,18 +45,21 @@ from specdec.runtime import kernels
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("q8", "q4")
+FORMATS = ("q8", "q4")  # the --dtype names
+PARTS = ("q8", "q4", "q4k", "q6k")  # the formats a matrix may be held in
 BLOCK = 32   # inputs per block (one scale)
+SUPER = 256  # inputs per super-block (q4k, q6k)
 GROUP = 16   # outputs per group in the packed layout (one 512-bit register of int32 lanes)
 SOURCE = Path(__file__).with_name("qgemm.c")
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
-_FMT = {"q8": 8, "q4": 4}
+_FMT = {"q8": 8, "q4": 4, "q4k": 41, "q6k": 6}
 ISAS = {"vnni512": 2, "avx2": 1}  # best first
 
 _lock = threading.Lock()
 _lib = None
 _state: bool | None = None
 _reason = ""
+_isa: tuple[str, str] | None = None  # (SPECDEC_QKERNEL, the ISA it gives), remembered
 
 
 @dataclass
@@ -60,9 +69,10 @@ class QWeight:
     fmt: str
     out_features: int
     in_features: int
-    data: torch.Tensor            # uint8 [groups, blocks, 512 (q8) or 256 (q4)]
-    scales: torch.Tensor          # fp32 [groups, blocks, 16]
-    mins: torch.Tensor | None     # fp32 [groups, blocks, 16] (q4), None (q8)
+    data: torch.Tensor            # uint8 [groups, blocks, 512 (q8) or 256 (q4)] or [groups, super-blocks, 2304
+                                  # (q4k: nibbles, sc, mn) or 3328 (q6k: low nibbles, high 2 bits, sc)]
+    scales: torch.Tensor          # fp32 [groups, blocks (q8, q4) or super-blocks (q4k, q6k), 16]: d or s
+    mins: torch.Tensor | None     # fp32, as scales (q4: m, q4k: dmin), None (q8, q6k)
 
     @property
     def nbytes(self) -> int:
@@ -70,6 +80,12 @@ class QWeight:
 
 
 # --- quantizing and packing ----------------------------------------------------------------------
+#
+# Row-major blocks, per format (what `quantize` and the GGUF readers give, `pack` takes, `unpack` returns):
+#   q8: (q int8 [out, blocks, 32], d [out, blocks], None)     q4: (q uint8 0..15, s, m), s and m [out, blocks]
+#   q4k: (q uint8 0..15 [out, blocks, 32], d [out, supers], sc uint8 [out, blocks], dmin [out, supers],
+#         mn uint8 [out, blocks])
+#   q6k: (q uint8 0..63 [out, blocks, 32], d [out, supers], sc int8 [out, 2 * blocks])  (one per 16 inputs)
 
 def _blocks(w: torch.Tensor) -> torch.Tensor:
     """[out, in] -> [out, blocks, 32] fp32, the last block zero-padded."""
@@ -99,50 +115,100 @@ def quantize(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor, tor
     return q, s, -lo
 
 
-def pack(fmt: str, q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, in_features: int) -> QWeight:
-    """Row-major blocks (as `quantize` returns them) -> the kernel's packed layout."""
-    out_f, nb, _ = q.shape
+def _nibbles(q: torch.Tensor, groups: int) -> torch.Tensor:
+    """q 0..15 [groups * 16, blocks, 32] -> q4's bytes [groups, blocks, 256] (see qgemm.c)."""
+    n = q.reshape(groups, GROUP, q.shape[1], 4, 2, 4).permute(0, 2, 3, 1, 4, 5)  # [g, nb, c, k, lo/hi, e]
+    return (n[..., 0, :] | (n[..., 1, :] << 4)).reshape(groups, q.shape[1], -1)
+
+
+def _from_nibbles(data: torch.Tensor) -> torch.Tensor:
+    """q4's bytes [groups, blocks, 256] -> q int32 [groups * 16, blocks, 32]."""
+    groups, nb, _ = data.shape
+    d = data.reshape(groups, nb, 4, GROUP, 4).to(torch.int32)
+    q = torch.stack([d & 15, d >> 4], dim=4).permute(0, 3, 1, 2, 4, 5)  # [g, k, nb, c, lo/hi, e]
+    return q.reshape(-1, nb, BLOCK)
+
+
+def pack(fmt: str, *blocks, in_features: int) -> QWeight:
+    """Row-major blocks (as `quantize` or the GGUF readers give them) -> the kernel's packed layout."""
+    if fmt not in PARTS:
+        raise ValueError(f"unknown weight format {fmt!r}: choose one of {', '.join(PARTS)}")
+    out_f, nb = blocks[0].shape[:2]
     pad = -out_f % GROUP
-    if pad:
-        q = torch.cat([q, q.new_zeros(pad, nb, BLOCK)])
-        scales = torch.cat([scales, scales.new_zeros(pad, nb)])
-        mins = None if mins is None else torch.cat([mins, mins.new_zeros(pad, nb)])
-    groups = q.shape[0] // GROUP
-    if fmt == "q8":
-        u = (q.to(torch.int16) + 128).to(torch.uint8)              # [out, nb, 32] -> [g, k, nb, t, e]
-        data = u.reshape(groups, GROUP, nb, 8, 4).permute(0, 2, 3, 1, 4)
-    else:
-        n = q.reshape(groups, GROUP, nb, 4, 2, 4).permute(0, 2, 3, 1, 4, 5)  # [g, nb, c, k, lo/hi, e]
-        data = n[..., 0, :] | (n[..., 1, :] << 4)
-    lanes = lambda t: t.reshape(groups, GROUP, nb).transpose(1, 2).contiguous().float()
-    return QWeight(fmt, out_f, in_features, data.reshape(groups, nb, -1).contiguous(), lanes(scales),
-                   None if mins is None else lanes(mins))
+    blocks = [None if t is None else torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) if pad else t for t in blocks]
+    groups = (out_f + pad) // GROUP
+    # a per-row tensor [rows, m] -> [groups, m // per, per * 16]: lanes last, `per` consecutive columns together
+    lanes = lambda t, per=1: t.reshape(groups, GROUP, -1, per).permute(0, 2, 3, 1).reshape(groups, -1, per * GROUP)
+    if fmt in ("q8", "q4"):
+        q, scales, mins = blocks
+        if fmt == "q8":
+            u = (q.to(torch.int16) + 128).to(torch.uint8)              # [out, nb, 32] -> [g, nb, t, k, e]
+            data = u.reshape(groups, GROUP, nb, 8, 4).permute(0, 2, 3, 1, 4).reshape(groups, nb, -1)
+        else:
+            data = _nibbles(q, groups)
+        return QWeight(fmt, out_f, in_features, data.contiguous(), lanes(scales).float().contiguous(),
+                       None if mins is None else lanes(mins).float().contiguous())
+    if nb * BLOCK % SUPER:
+        raise ValueError(f"{fmt} holds whole super-blocks: {nb * BLOCK} inputs are not a multiple of {SUPER}")
+    supers = nb * BLOCK // SUPER
+    per_super = lambda t: t.reshape(groups, supers, -1)
+    if fmt == "q4k":
+        q, d, sc, dmin, mn = blocks
+        data = torch.cat([per_super(_nibbles(q, groups)), lanes(sc, 8), lanes(mn, 8)], -1)
+        return QWeight(fmt, out_f, in_features, data.contiguous(), lanes(d).float().contiguous(),
+                       lanes(dmin).float().contiguous())
+    q, d, sc = blocks
+    hi = (q >> 4).reshape(groups, GROUP, nb, 2, 4, 4).permute(0, 2, 3, 1, 5, 4)  # [g, nb, p, k, e, j]
+    hi = (hi << torch.tensor([0, 2, 4, 6], dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
+    data = torch.cat([per_super(_nibbles(q & 15, groups)), per_super(hi), lanes(sc.view(torch.uint8), 16)], -1)
+    return QWeight(fmt, out_f, in_features, data.contiguous(), lanes(d).float().contiguous(), None)
 
 
-def unpack(qw: QWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The packed layout -> row-major blocks (q int32 [out, blocks, 32], scales, mins or None)."""
-    groups, nb, _ = qw.data.shape
+def unpack(qw: QWeight) -> tuple:
+    """The packed layout -> row-major blocks (q int32; the rest as `pack` takes them, trimmed to out rows)."""
+    groups, nb = qw.data.shape[0], -(-qw.in_features // BLOCK)
+    rows = lambda t, per=1: t.reshape(groups, -1, per, GROUP).permute(0, 3, 1, 2).reshape(groups * GROUP, -1)[
+        :qw.out_features]
     if qw.fmt == "q8":
         q = qw.data.reshape(groups, nb, 8, GROUP, 4).permute(0, 3, 1, 2, 4).to(torch.int32) - 128
-    else:
-        d = qw.data.reshape(groups, nb, 4, GROUP, 4).to(torch.int32)
-        q = torch.stack([d & 15, d >> 4], dim=4).permute(0, 3, 1, 2, 4, 5)  # [g, k, nb, c, lo/hi, e]
-    rows = lambda t: t.transpose(1, 2).reshape(-1, nb)[:qw.out_features]
-    return (q.reshape(-1, nb, BLOCK)[:qw.out_features], rows(qw.scales),
-            None if qw.mins is None else rows(qw.mins))
+        return q.reshape(-1, nb, BLOCK)[:qw.out_features], rows(qw.scales), None
+    if qw.fmt == "q4":
+        return _from_nibbles(qw.data)[:qw.out_features], rows(qw.scales), rows(qw.mins)
+    nib = _from_nibbles(qw.data[..., :2048].reshape(groups, nb, 256))[:qw.out_features]
+    if qw.fmt == "q4k":
+        k = qw.data[..., 2048:]
+        return nib, rows(qw.scales), rows(k[..., :128], 8), rows(qw.mins), rows(k[..., 128:], 8)
+    h = qw.data[..., 2048:3072].reshape(groups, nb, 2, GROUP, 4).to(torch.int32)  # [g, nb, p, k, e]
+    h = (h[..., None] >> torch.tensor([0, 2, 4, 6])) & 3                          # [g, nb, p, k, e, j]
+    h = h.permute(0, 3, 1, 2, 5, 4).reshape(-1, nb, BLOCK)[:qw.out_features]
+    return nib | (h << 4), rows(qw.scales), rows(qw.data[..., 3072:], 16).view(torch.int8)
+
+
+def _as_q4(qw: QWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(q, s, m) per block of 32 of a q8, q4 or q4k matrix (q4k: s = d*sc, m = dmin*mn, exact in fp32)."""
+    if qw.fmt != "q4k":
+        return unpack(qw)
+    q, d, sc, dmin, mn = unpack(qw)
+    per = lambda t: t.repeat_interleave(SUPER // BLOCK, 1)
+    return q, per(d) * sc.float(), per(dmin) * mn.float()
 
 
 def dequantize(qw: QWeight) -> torch.Tensor:
-    """The fp32 matrix [out, in] the quantized weights stand for."""
-    q, s, m = unpack(qw)
-    w = q.float() * s[..., None]
-    if m is not None:
-        w = w - m[..., None]
+    """The fp32 matrix [out, in] the quantized weights stand for (as gguf computes it for Q4_K and Q6_K)."""
+    if qw.fmt == "q6k":
+        q, d, sc = unpack(qw)
+        s = d.repeat_interleave(SUPER // 16, 1) * sc.float()  # [out, sub-blocks of 16]
+        w = s[..., None] * (q.reshape(qw.out_features, -1, 16) - 32).float()
+    else:
+        q, s, m = _as_q4(qw)
+        w = q.float() * s[..., None]
+        if m is not None:
+            w = w - m[..., None]
     return w.reshape(qw.out_features, -1)[:, :qw.in_features]
 
 
 def from_fp32(w: torch.Tensor, fmt: str) -> QWeight:
-    """Quantize and pack an fp32 (or bf16) matrix."""
+    """Quantize and pack an fp32 (or bf16) matrix (q8 or q4)."""
     return pack(fmt, *quantize(w, fmt), in_features=w.shape[1])
 
 
@@ -159,30 +225,43 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 def reference(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The torch path: x [n, in] fp32 -> y [n, out], the same float operations in the same order as qgemm.c."""
-    q, s, m = unpack(qw)
     qx, dx, sx = quantize_rows(x)
-    dxs = dx * sx.float()
     acc = torch.zeros(x.shape[0], qw.out_features)
-    for b in range(q.shape[1]):
-        isum = qx[:, b].float() @ q[:, b].float().t()  # exact: 32 products of at most 127 * 127 < 2^24
-        acc = acc + (s[:, b] * dx[:, b, None]) * isum
-        if m is not None:
-            acc = acc - m[:, b] * dxs[:, b, None]
+    if qw.fmt == "q6k":
+        q, d, sc = unpack(qw)
+        q, sc = (q - 32).float(), sc.float()
+        for b in range(q.shape[1]):
+            # exact in fp32: halves of 16 products of at most 32 * 127, times |sc| <= 128, summed: < 2^24
+            half = [qx[:, b, h:h + 16].float() @ q[:, b, h:h + 16].t() for h in (0, 16)]
+            isum = sc[:, 2 * b] * half[0] + sc[:, 2 * b + 1] * half[1]
+            acc = acc + (d[:, b * BLOCK // SUPER] * dx[:, b, None]) * isum
+    else:
+        q, s, m = _as_q4(qw)
+        dxs = dx * sx.float()
+        for b in range(q.shape[1]):
+            isum = qx[:, b].float() @ q[:, b].float().t()  # exact: 32 products of at most 127 * 127 < 2^24
+            acc = acc + (s[:, b] * dx[:, b, None]) * isum
+            if m is not None:
+                acc = acc - m[:, b] * dxs[:, b, None]
     return acc if bias is None else acc + bias.float()
 
 
 def isa() -> str:
-    """The instruction set the matmul runs on: vnni512, avx2, or torch (forced by SPECDEC_QKERNEL)."""
-    forced = os.environ.get("SPECDEC_QKERNEL", "").strip().lower()
+    """The instruction set the matmul runs on: vnni512, avx2, or torch (forced by SPECDEC_QKERNEL).
+    Asked once per matmul, so the answer is remembered for the setting and library it came from."""
+    global _isa
+    env = (os.environ.get("SPECDEC_QKERNEL"), os.environ.get("SPECDEC_KERNEL"))
+    if _state and _isa is not None and _isa[0] == env:
+        return _isa[1]
+    forced = (env[0] or "").strip().lower()
     if forced == "torch" or not kernels.enabled():
         return "torch"
     lib = _load()
     if lib is None:
         return "torch"
-    for name, code in ISAS.items():
-        if (not forced or forced == name) and lib.qgemm_supported(code):
-            return name
-    return "torch"
+    found = next((name for name, code in ISAS.items() if forced in ("", name) and lib.qgemm_supported(code)), "torch")
+    _isa = (env, found)
+    return found
 
 
 def _declare(lib) -> None:
