@@ -12,7 +12,7 @@ TYPICAL_EPSILON, TYPICAL_DELTA = 0.09, 0.3  # specdec.verify's defaults (not imp
 DTYPE_HELP = ("weights: bf16 (bf16 weights through specdec's kernel with fp32 sums: AVX512-BF16, else AVX2; "
               "else torch's bf16; SPECDEC_MATMUL=avx512bf16|avx2|torch forces one) or fp32; q8 / q4: 8-bit / 4-bit blocks of 32 through integer "
               "kernels (q4 keeps a GGUF's own Q4_K/Q6_K/Q4_1/Q4_0 blocks, its other types as q8; built once and "
-              "cached); auto (default) = bf16 when either works, else fp32")
+              "cached); auto (default) = q4 for a 4-bit GGUF, else bf16 when a bf16 path works, else fp32")
 
 
 DEVICE_HELP = ("cpu (default) or cuda[:N]: the weights and KV cache on a GPU through torch's kernels (bf16 or "
