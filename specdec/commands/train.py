@@ -138,7 +138,7 @@ def run_medusa(args) -> int:
     tensors, report = train(cache, model.lm_head.weight, s, out, resume=args.resume, progress=not args.quiet)
     config = {"kind": "medusa", "target": {"name": args.model, "fingerprint": fp},
               "data": {"sources": data, "tokens": len(cache), "documents": cache.meta["documents"],
-                       "max_len": args.max_len, "hidden_cache": str(where)}, **report}
+                       "max_len": args.max_len, "hidden_cache": where.name}, **report}
     heads.save(out, tensors, config)
     if args.json:
         print(json.dumps(config, indent=2))
@@ -173,7 +173,7 @@ def run_eagle(args) -> int:
                       draft_vocab=args.draft_vocab, batch_tokens=args.batch_tokens, lr=args.lr, bf16=not args.fp32,
                       checkpoint_every=args.checkpoint_every)
     head = train(cache, model, args.model, fp, s, out, resume=args.resume, progress=not args.quiet)
-    head.cfg.training["data"] = {"sources": data, "max_len": args.max_len, "hidden_cache": str(where)}
+    head.cfg.training["data"] = {"sources": data, "max_len": args.max_len, "hidden_cache": where.name}
     copy.deepcopy(head).half().save(out)
     t = head.cfg.training
     if args.json:
