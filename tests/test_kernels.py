@@ -146,9 +146,8 @@ def test_disabled_falls_back_to_torch(monkeypatch, tiny_folder):
 def test_failed_build_falls_back_with_one_warning(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    monkeypatch.setattr(kernels, "_state", None)
-    monkeypatch.setattr(kernels, "_lib", None)
-    monkeypatch.setattr(kernels, "_reason", "")
+    monkeypatch.setattr(kernels, "_kernel", kernels.Library(kernels.SOURCE, kernels.CFLAGS, kernels._declare, "unavailable; torch",
+                                                             needs_avx2=True))
     with caplog.at_level(logging.WARNING, logger="specdec.runtime.kernels"):
         assert not kernels.available()
         assert not kernels.available()
@@ -162,8 +161,8 @@ def test_failed_build_falls_back_with_one_warning(monkeypatch, tmp_path, caplog)
 @needs_kernel
 def test_build_is_cached_and_atomic(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
-    monkeypatch.setattr(kernels, "_state", None)
-    monkeypatch.setattr(kernels, "_lib", None)
+    monkeypatch.setattr(kernels, "_kernel", kernels.Library(kernels.SOURCE, kernels.CFLAGS, kernels._declare, "unavailable; torch",
+                                                             needs_avx2=True))
     assert kernels.available()
     path = kernels.library_path()
     assert path.parent == tmp_path / "kernels" and path.exists()

@@ -14,6 +14,7 @@ from specdec.drafters.early_exit import EarlyExit
 from specdec.drafters.hybrid import Hybrid
 from specdec.drafters.lookahead import Lookahead
 from specdec.drafters.prompt_lookup import PromptLookup
+from specdec.runtime import kernels
 from specdec.runtime.kernels import quant as Q
 from specdec.runtime.loader import load_transformer
 from specdec.runtime.model import QLinear
@@ -22,7 +23,7 @@ from specdec.tokenizer import Tokenizer
 from tests.tiny import VOCAB, save_tiny
 
 SHAPES = [(1, 1), (7, 5), (16, 32), (77, 45), (100, 129), (257, 576), (33, 1536)]
-USES = ["torch"] + [name for name in Q.ISAS if Q._load() is not None and Q._lib.qgemm_supported(Q.ISAS[name])]
+USES = ["torch"] + [name for name in Q.ISAS if Q._load() is not None and Q._kernel.lib.qgemm_supported(Q.ISAS[name])]
 
 
 @pytest.fixture(autouse=True)
@@ -110,11 +111,10 @@ def test_failed_build_runs_the_torch_path_with_one_warning(monkeypatch, tmp_path
 
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    for name, value in (("_state", None), ("_lib", None), ("_reason", "")):
-        monkeypatch.setattr(Q, name, value)
+    monkeypatch.setattr(Q, "_kernel", kernels.Library(Q.SOURCE, Q.CFLAGS, Q._declare, "unavailable; torch"))
     w, x, b = case(40, 70, 3)
     qw = Q.from_fp32(w, "q4")
-    with caplog.at_level(logging.WARNING, logger="specdec.runtime.kernels.quant"):
+    with caplog.at_level(logging.WARNING, logger="specdec.runtime.kernels"):
         assert Q.isa() == "torch" and Q.isa() == "torch"
         assert torch.equal(Q.matmul(x, qw, b), Q.reference(x, qw, b))
     assert "no-such-compiler" in Q.reason()

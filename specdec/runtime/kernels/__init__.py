@@ -80,10 +80,6 @@ PATHS = {"avx512bf16": (2, ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx5
          "torch": (0, ())}
 CPU_FLAGS = PATHS["avx2"][1]
 
-_lock = threading.Lock()
-_lib = None           # the loaded ctypes library, once built
-_state = None         # None: not tried yet; True: loaded; False: unavailable (reason in _reason)
-_reason = ""
 
 
 def enabled() -> bool:
@@ -154,7 +150,7 @@ def build(path: Path, source: Path = SOURCE, cflags: list[str] = CFLAGS) -> None
 
 def open_library(source: Path, cflags: list[str], declare) -> ctypes.CDLL:
     """The shared library built from `source` with `cflags` (compiled on first use, `build`), loaded, with its
-    functions' signatures set by `declare(lib)`, which may raise to refuse this CPU. Both kernels load so."""
+    functions' signatures set by `declare(lib)`, which may raise to refuse this CPU (`Library` calls it)."""
     path = library_path(source, cflags)
     if not path.exists():
         build(path, source, cflags)
@@ -171,21 +167,37 @@ def _declare(lib) -> None:
     lib.skinny_supported.argtypes = [ctypes.c_int]
 
 
+class Library:
+    """A C kernel built on first use (`open_library`) and loaded once per process, thread-safe. When it cannot
+    be (no compiler, a failed build, a CPU that `needs_avx2` or `declare` refuses), `get()` returns None, one
+    warning says `fallback`, and `reason` says why. All three kernels (skinny.c, qgemm.c, attention.c) load so.
+    `state`: None until tried, then True (loaded) or False."""
+
+    def __init__(self, source: Path, cflags: list[str], declare, fallback: str, needs_avx2: bool = False):
+        self.source, self.cflags, self.declare, self.fallback, self.needs_avx2 = source, cflags, declare, fallback, needs_avx2
+        self.lib, self.state, self.reason = None, None, ""
+        self._lock = threading.Lock()
+
+    def get(self):
+        if self.state is None:
+            with self._lock:
+                if self.state is None:
+                    try:
+                        if self.needs_avx2 and not cpu_supported():
+                            raise RuntimeError(f"the CPU lacks one of {', '.join(CPU_FLAGS)}")
+                        self.lib, self.state = open_library(self.source, self.cflags, self.declare), True
+                    except Exception as exc:  # no compiler, failed compile, unsupported CPU, unloadable library
+                        self.lib, self.state, self.reason = None, False, str(exc)
+                        log.warning("specdec: %s (%s)", self.fallback, exc)
+        return self.lib
+
+
+_kernel = Library(SOURCE, CFLAGS, _declare, "the bf16 skinny-GEMM kernel is unavailable; using torch's matmul",
+                  needs_avx2=True)
+
+
 def _load():
-    global _lib, _state, _reason
-    if _state is not None:
-        return _lib
-    with _lock:
-        if _state is not None:
-            return _lib
-        try:
-            if not cpu_supported():
-                raise RuntimeError(f"the CPU lacks one of {', '.join(CPU_FLAGS)}")
-            _lib, _state = open_library(SOURCE, CFLAGS, _declare), True
-        except Exception as exc:  # no compiler, failed compile, unsupported CPU, unloadable library
-            _lib, _state, _reason = None, False, str(exc)
-            log.warning("specdec: the bf16 skinny-GEMM kernel is unavailable (%s); using torch's matmul", exc)
-        return _lib
+    return _kernel.get()
 
 
 def matmul_path() -> str:
@@ -196,8 +208,9 @@ def matmul_path() -> str:
     path = choose_path(cpu_flags(), forced)
     if path == "torch" or not enabled() or _load() is None:
         return "torch"
-    if not _lib.skinny_supported(PATHS[path][0]):  # /proc/cpuinfo lists what the CPU itself does not run
-        return "avx2" if path != "avx2" and _lib.skinny_supported(PATHS["avx2"][0]) else "torch"
+    lib = _kernel.lib
+    if not lib.skinny_supported(PATHS[path][0]):  # /proc/cpuinfo lists what the CPU itself does not run
+        return "avx2" if path != "avx2" and lib.skinny_supported(PATHS["avx2"][0]) else "torch"
     return path
 
 
@@ -208,7 +221,7 @@ def unavailable(path: str) -> str:
         return f"the CPU lacks {', '.join(missing)}"
     if not enabled() or _load() is None:
         return reason()
-    return "" if _lib.skinny_supported(PATHS[path][0]) else f"the CPU does not run {path}"
+    return "" if _kernel.lib.skinny_supported(PATHS[path][0]) else f"the CPU does not run {path}"
 
 
 def available() -> bool:
@@ -220,7 +233,7 @@ def reason() -> str:
     """Why the kernel is unavailable ("" when it is available or untried)."""
     if not enabled():
         return "disabled by SPECDEC_KERNEL=0"
-    return _reason
+    return _kernel.reason
 
 
 def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -243,7 +256,7 @@ def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         b = None
         if bias is not None:
             b = (bias if bias.dtype == torch.float32 else bias.float()).contiguous().data_ptr()
-        rc = _lib.skinny_bf16(PATHS[path][0], x.data_ptr(), weight.data_ptr(), b, y.data_ptr(), n, in_f, out_f,
+        rc = _kernel.lib.skinny_bf16(PATHS[path][0], x.data_ptr(), weight.data_ptr(), b, y.data_ptr(), n, in_f, out_f,
                               threads or torch.get_num_threads())
         if rc:
             raise MemoryError("skinny_bf16: out of memory") if rc == 2 else RuntimeError(f"skinny_bf16: no {path} here")

@@ -25,8 +25,6 @@ is False and the model attends row by row through torch instead.
 from __future__ import annotations
 
 import ctypes
-import logging
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,17 +32,12 @@ import torch
 
 from specdec.runtime import kernels
 
-log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("attention.c")
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 MAX_HEAD_DIM = 256  # DMAX in attention.c
 ISAS = {"avx512": 2, "avx2": 1}  # best first: AVX512F (head dims that are multiples of 16), else AVX2 + FMA
 
-_lock = threading.Lock()
-_lib = None
-_state: bool | None = None
-_reason = ""
 
 
 @dataclass
@@ -88,21 +81,12 @@ def _declare(lib) -> None:
         raise RuntimeError("the CPU lacks AVX2 or FMA")
 
 
+_kernel = kernels.Library(SOURCE, CFLAGS, _declare, "the exact-attention kernel is unavailable; attending row by row",
+                          needs_avx2=True)
+
+
 def _load():
-    global _lib, _state, _reason
-    if _state is not None:
-        return _lib
-    with _lock:
-        if _state is not None:
-            return _lib
-        try:
-            if not kernels.cpu_supported():
-                raise RuntimeError(f"the CPU lacks one of {', '.join(kernels.CPU_FLAGS)}")
-            _lib, _state = kernels.open_library(SOURCE, CFLAGS, _declare), True
-        except Exception as exc:  # no compiler, failed compile, unsupported CPU, unloadable library
-            _lib, _state, _reason = None, False, str(exc)
-            log.warning("specdec: the exact-attention kernel is unavailable (%s); attending row by row", exc)
-        return _lib
+    return _kernel.get()
 
 
 def available() -> bool:
@@ -112,7 +96,7 @@ def available() -> bool:
 
 def reason() -> str:
     """Why the kernel is unavailable ("" when it is available or untried)."""
-    return "disabled by SPECDEC_KERNEL=0" if not kernels.enabled() else _reason
+    return "disabled by SPECDEC_KERNEL=0" if not kernels.enabled() else _kernel.reason
 
 
 def isas() -> list[str]:
@@ -146,7 +130,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: Rows
     if q.stride(-1) != 1:
         q = q.contiguous()
     out = torch.empty(B, n, H, D)
-    rc = (_lib if _state else _load()).attend(q.data_ptr(), q.stride(0), q.stride(1), q.stride(2), keys.data_ptr(), values.data_ptr(),
+    rc = (_kernel.lib if _kernel.state else _load()).attend(q.data_ptr(), q.stride(0), q.stride(1), q.stride(2), keys.data_ptr(), values.data_ptr(),
                      out.data_ptr(), rows.prefix.data_ptr(), rows.offs.data_ptr(), rows.extra.data_ptr(),
                      B, n, H, keys.shape[1], keys.shape[2], D, code, threads or torch.get_num_threads())
     if rc:

@@ -33,9 +33,7 @@ it the torch code runs (one warning), slower but with the same bits.
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +41,6 @@ import torch
 
 from specdec.runtime import kernels
 
-log = logging.getLogger(__name__)
 
 FORMATS = ("q8", "q4")  # the --dtype names
 PARTS = ("q8", "q4", "q4k", "q6k")  # the formats a matrix may be held in
@@ -55,10 +52,6 @@ CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "
 _FMT = {"q8": 8, "q4": 4, "q4k": 41, "q6k": 6}
 ISAS = {"vnni512": 2, "avx2": 1}  # best first
 
-_lock = threading.Lock()
-_lib = None
-_state: bool | None = None
-_reason = ""
 _isa: tuple[str, str] | None = None  # (SPECDEC_QKERNEL, the ISA it gives), remembered
 
 
@@ -251,7 +244,7 @@ def isa() -> str:
     Asked once per matmul, so the answer is remembered for the setting and library it came from."""
     global _isa
     env = (os.environ.get("SPECDEC_QKERNEL"), os.environ.get("SPECDEC_KERNEL"))
-    if _state and _isa is not None and _isa[0] == env:
+    if _kernel.state and _isa is not None and _isa[0] == env:
         return _isa[1]
     forced = (env[0] or "").strip().lower()
     if forced == "torch" or not kernels.enabled():
@@ -273,24 +266,16 @@ def _declare(lib) -> None:
         raise RuntimeError("the CPU lacks AVX2")
 
 
+_kernel = kernels.Library(SOURCE, CFLAGS, _declare, "the quantized-matmul kernel is unavailable; using the torch path")
+
+
 def _load():
-    global _lib, _state, _reason
-    if _state is not None:
-        return _lib
-    with _lock:
-        if _state is not None:
-            return _lib
-        try:
-            _lib, _state = kernels.open_library(SOURCE, CFLAGS, _declare), True
-        except Exception as exc:  # no compiler, failed compile, unsupported CPU, unloadable library
-            _lib, _state, _reason = None, False, str(exc)
-            log.warning("specdec: the quantized-matmul kernel is unavailable (%s); using the torch path", exc)
-        return _lib
+    return _kernel.get()
 
 
 def reason() -> str:
     """Why the C kernel is not used ("" when it is, or untried)."""
-    return _reason
+    return _kernel.reason
 
 
 def matmul_into(y: torch.Tensor, col: int, x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None,
@@ -304,7 +289,7 @@ def matmul_into(y: torch.Tensor, col: int, x: torch.Tensor, qw: QWeight, bias: t
         y[:, col:col + qw.out_features] = reference(x, qw, bias)
         return
     b = None if bias is None else bias.float().contiguous()
-    rc = _lib.qgemm(_FMT[qw.fmt], ISAS[use], x.data_ptr(), qw.data.data_ptr(), qw.scales.data_ptr(),
+    rc = _kernel.lib.qgemm(_FMT[qw.fmt], ISAS[use], x.data_ptr(), qw.data.data_ptr(), qw.scales.data_ptr(),
                     None if qw.mins is None else qw.mins.data_ptr(), None if b is None else b.data_ptr(),
                     y.data_ptr() + 4 * col, y.shape[1], n, qw.in_features, qw.out_features,
                     threads or torch.get_num_threads())
