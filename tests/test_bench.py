@@ -1,6 +1,7 @@
 """specdec bench: prompt sets, method parsing, report arithmetic, and one end-to-end run on a tiny model."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -294,3 +295,38 @@ def test_llamacpp_errors(tiny_llama, tmp_path, monkeypatch, capsys):
     assert "pip install -e '.[compare]'" in capsys.readouterr().err
     assert main(args + ["--temperature", "0.7"]) == 2
     assert "greedy only" in capsys.readouterr().err
+
+
+def test_llamacpp_runner_times_a_fresh_prefill(monkeypatch):
+    """llama-cpp-python's generate(reset=True) keeps the previous generation's KV prefix: the runner must
+    reset first, or a prompt seen in the warm-up is timed without its prefill."""
+    import types
+
+    from specdec.bench.llamacpp import LlamaCppMethod
+    from specdec.bench.runner import BenchSettings
+
+    evaluated: list[int] = []
+
+    class FakeLlama:  # llama-cpp-python's prefix reuse, reduced to what the runner relies on
+        def __init__(self, **kw):
+            self.n_tokens, self.ids = 0, []
+
+        def reset(self):
+            self.n_tokens = 0
+
+        def generate(self, tokens, reset=True, **kw):
+            keep = 0
+            if reset and self.n_tokens:
+                while keep < min(len(self.ids), len(tokens)) and self.ids[keep] == tokens[keep]:
+                    keep += 1
+            evaluated.append(len(tokens) - keep)
+            self.ids, self.n_tokens = list(tokens), len(tokens)
+            while True:
+                yield 7
+
+    monkeypatch.setitem(__import__("sys").modules, "llama_cpp", types.SimpleNamespace(Llama=FakeLlama))
+    tok = types.SimpleNamespace(eos_ids={0}, decode=lambda ids: "x" * len(ids))
+    method = LlamaCppMethod("llamacpp-plain", Path("m.gguf"), tok, BenchSettings(max_new_tokens=2), 1, 64)
+    method.generate([1, 2, 3, 4])  # the warm-up
+    method.generate([1, 2, 3, 4])  # the timed run of the same prompt
+    assert evaluated == [4, 4]

@@ -7,7 +7,10 @@ to. Two runners, greedy, on the prompt ids our methods get, with the same thread
 - `llamacpp-prompt-lookup`: the same with `LlamaPromptLookupDecoding(num_pred_tokens=10)` as its draft model
   (llama-cpp-python's prompt-lookup speculation).
 
-Each generation starts from an empty KV cache (`reset=True`) so prefill is timed like ours. Their tokens are
+Each generation starts from an empty KV cache so prefill is timed like ours: `Llama.reset()` first, because
+`generate(reset=True)` alone keeps the longest common prefix of the previous generation (after the warm-up
+on the first prompt, that prompt's whole prefill went untimed: 3.6 s recorded against 4.7 s fresh in
+session 5). Their tokens are
 not checked against our plain decoding's: llama.cpp quantizes activations to 8 bits, so near-ties may differ.
 
     pip install -e '.[compare]'       # builds llama-cpp-python (about 10 minutes on 2 cores)
@@ -82,6 +85,7 @@ class LlamaCppMethod:
         limit = max_new_tokens or self.settings.max_new_tokens
         new: list[int] = []
         t0 = time.perf_counter()
+        self.model.reset()  # no KV prefix kept from the previous generation (see the module docstring)
         for token in self.model.generate(list(ids), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
                                          reset=True):
             new.append(int(token))
