@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.runtime import kernels
-from specdec.runtime.kernels import attention, quant
+from specdec.runtime.kernels import attention, ops, quant
 from specdec.runtime.config import ModelConfig
 from specdec.runtime.kv_cache import KVCache
 
@@ -99,16 +99,19 @@ class QLinear(nn.Module):
         self.in_features = parts[0].in_features
         self.out_features = sum(p.out_features for p in parts)
         self.register_buffer("bias", None if bias is None else bias.float(), persistent=False)
+        self.calls, col = [], 0  # (part, its bias slice, its first column): what `quant.matmul_parts` runs
+        for p in parts:
+            b = None if bias is None else self.bias[col:col + p.out_features].contiguous()
+            self.calls.append((p, b, col))
+            col += p.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).float().contiguous()
+        flat = x.reshape(-1, self.in_features)
+        if flat.dtype != torch.float32 or not flat.is_contiguous():
+            flat = flat.float().contiguous()
         y = torch.empty(flat.shape[0], self.out_features)
-        use, col = quant.isa(), 0
-        for p in self.parts:
-            b = None if self.bias is None else self.bias[col:col + p.out_features]
-            quant.matmul_into(y, col, flat, p, b, use=use)
-            col += p.out_features
-        return y.reshape(*x.shape[:-1], self.out_features)
+        quant.matmul_parts(y, flat, self.calls)
+        return y.view(*x.shape[:-1], self.out_features)
 
 
 class Embedding(nn.Embedding):
@@ -128,6 +131,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype == torch.float32 and x.device.type == "cpu" and ops.available():
+            return ops.rmsnorm(x, self.weight, self.eps)  # one C call instead of eight (a fixed per-row order)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
@@ -155,24 +160,33 @@ class Block(nn.Module):
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int, start: int, mask, plan: "RowPlan | None" = None):
         B, n, _ = x.shape
+        att = self.attend(self.qkv(self.input_norm(x)), cos, sin, cache, layer, start, mask, plan)
+        x = x + self.o(att.reshape(B, n, -1))
+        gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+    def attend(self, qkv, cos, sin, cache: KVCache, layer: int, start: int, mask, plan: "RowPlan | None"):
+        """Attention of n new positions [B, n, H, D] from their fused projection qkv [B, n, q|k|v]: RoPE on q and
+        k, k and v written to the cache's slots start.., then attention under `plan` (exact models: each row over
+        the keys a single-position forward sees) or `mask`. The batched server calls it per request."""
+        B, n, _ = qkv.shape
         cfg = self.cfg
-        q, k, v = self.qkv(self.input_norm(x)).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if plan is not None and fused(qkv, cache.k[layer]):  # RoPE, cache write and attention: two C calls
+            q = ops.rope_store(qkv, cos, sin, cache, layer, start, cfg.num_heads, cfg.num_kv_heads)
+            return attention.attend(q, cache.k[layer], cache.v[layer], plan.rows)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(B, n, cfg.num_heads, cfg.head_dim).transpose(1, 2)
         k = k.view(B, n, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         v = v.view(B, n, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         cache.write(layer, k, v, start)
         if plan is not None:
-            att = attend_rows(q, k, v, cache, layer, plan, cfg.num_heads != cfg.num_kv_heads)
-        else:
-            keys, values = cache.view(layer, start + n)
-            if keys.dtype != q.dtype:  # a cache built in another dtype than the activations
-                keys, values = keys.to(q.dtype), values.to(q.dtype)
-            att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                                 enable_gqa=cfg.num_heads != cfg.num_kv_heads)
-        x = x + self.o(att.transpose(1, 2).reshape(B, n, -1))
-        gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+            return attend_rows(q, k, v, cache, layer, plan, cfg.num_heads != cfg.num_kv_heads).transpose(1, 2)
+        keys, values = cache.view(layer, start + n)
+        if keys.dtype != q.dtype:  # a cache built in another dtype than the activations
+            keys, values = keys.to(q.dtype), values.to(q.dtype)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                              enable_gqa=cfg.num_heads != cfg.num_kv_heads).transpose(1, 2)
 
 
 @dataclass
@@ -223,6 +237,15 @@ class RowPlan:
             placed[same:len(path)] = path[same:]
             rows.append((len(path), same, moved))
         return rows, placed != list(range(self.n))
+
+
+def fused(qkv: torch.Tensor, keys: torch.Tensor) -> bool:
+    """Whether an exact forward's block runs RoPE + cache write (`ops.rope_store`) and attention
+    (`attention.attend`) as two C calls: fp32 CPU activations and cache, both libraries built, a head dim
+    the attention kernel takes. Same bits as the torch route (`rope_store` computes torch's RoPE)."""
+    return (qkv.dtype == keys.dtype == torch.float32 and qkv.device.type == "cpu" and qkv.is_contiguous()
+            and keys.is_contiguous() and ops.available() and attention.available()
+            and attention.supports_dims(keys.shape[-1]))
 
 
 def attend_rows(q, k, v, cache: KVCache, layer: int, plan: RowPlan, gqa: bool) -> torch.Tensor:

@@ -11,9 +11,9 @@ request, over that request's own KV cache with its own mask, so requests never s
                 Segment(cache_c, prompt[0:64], logits=False)]            # a prefill chunk
     logits = packed_forward(model, segments)   # [3, V], [4, V], None; each cache advanced by its n
 
-The layer loop mirrors `specdec.runtime.model.Block.forward` and uses the same modules and weights
-(norms, fused projections, RoPE), so a segment's logits equal a single-request forward over the same
-positions up to the matmuls' summation order (test_serving checks this at fp32).
+The layer loop is `specdec.runtime.model.Block.forward` with attention (`Block.attend`) run per segment, the
+same modules and weights, so a segment's logits equal a single-request forward over the same positions up
+to the matmuls' summation order (test_serving checks this at fp32), and bit for bit on exact models.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.runtime.kv_cache import KVCache
-from specdec.runtime.model import Transformer, attend_rows, rotate
+from specdec.runtime.model import Transformer
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Segment:
 
 def _plan(model: Transformer, s: Segment, start: int):
     """(mask, RowPlan) for one segment, as the model's own forward picks them (`Transformer.attention_plan`):
-    exact models attend through `attend_rows` as the model's forward does, so each segment stays bit-identical
+    exact models attend row by row as the model's forward does, so each segment stays bit-identical
     to plain decoding."""
     mask = None
     if s.local is not None:
@@ -54,7 +54,6 @@ def _plan(model: Transformer, s: Segment, start: int):
 def packed_forward(model: Transformer, segments: list[Segment]) -> list[torch.Tensor | None]:
     """Run one forward over all segments; returns each segment's logits [n, V] (None when not asked)
     and advances each segment's cache by its n."""
-    cfg = model.cfg
     starts = [s.cache.length for s in segments]
     for s, start in zip(segments, starts):
         if not len(s):
@@ -70,26 +69,11 @@ def packed_forward(model: Transformer, segments: list[Segment]) -> list[torch.Te
         bounds.append((end, end + len(s)))
         end += len(s)
     x = model.embed(torch.tensor([[t for s in segments for t in s.tokens]]))  # [1, N, D]
-    gqa = cfg.num_heads != cfg.num_kv_heads
     plans = [_plan(model, s, start) for s, start in zip(segments, starts)]
-    h, hk, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     for layer, block in enumerate(model.layers):
-        q, k, v = block.qkv(block.input_norm(x)).split([block.q_size, block.kv_size, block.kv_size], dim=-1)
-        outs = []
-        for s, start, (a, b), (cos, sin), (mask, plan) in zip(segments, starts, bounds, ropes, plans):
-            n = b - a
-            qs = rotate(q[:, a:b].view(1, n, h, hd).transpose(1, 2), cos, sin)
-            ks = rotate(k[:, a:b].view(1, n, hk, hd).transpose(1, 2), cos, sin)
-            vs = v[:, a:b].view(1, n, hk, hd).transpose(1, 2)
-            s.cache.write(layer, ks, vs, start)
-            if plan is not None:
-                att = attend_rows(qs, ks, vs, s.cache, layer, plan, gqa)
-            else:
-                keys, values = s.cache.view(layer, start + n)
-                if keys.dtype != qs.dtype:
-                    keys, values = keys.to(qs.dtype), values.to(qs.dtype)
-                att = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, enable_gqa=gqa)
-            outs.append(att.transpose(1, 2).reshape(1, n, -1))
+        qkv = block.qkv(block.input_norm(x))
+        outs = [block.attend(qkv[:, a:b].contiguous(), cos, sin, s.cache, layer, start, mask, plan).reshape(1, b - a, -1)
+                for s, start, (a, b), (cos, sin), (mask, plan) in zip(segments, starts, bounds, ropes, plans)]
         x = x + block.o(torch.cat(outs, dim=1))
         gate, up = block.gate_up(block.post_norm(x)).chunk(2, dim=-1)
         x = x + block.down(F.silu(gate) * up)

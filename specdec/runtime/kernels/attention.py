@@ -110,10 +110,15 @@ def isa(head_dim: int) -> str:
     return next(name for name in isas() if name != "avx512" or head_dim % 16 == 0)
 
 
+def supports_dims(head_dim: int) -> bool:
+    """Whether `attend` takes this head dim (a multiple of 8 up to 256)."""
+    return head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM
+
+
 def supports(q: torch.Tensor, keys: torch.Tensor) -> bool:
     """Whether `attend` takes these shapes and dtypes (fp32, head dim a multiple of 8 up to 256, GQA groups)."""
     d = q.shape[-1]
-    return (q.dtype == keys.dtype == torch.float32 and d % 8 == 0 and d <= MAX_HEAD_DIM and keys.shape[-1] == d
+    return (q.dtype == keys.dtype == torch.float32 and supports_dims(d) and keys.shape[-1] == d
             and q.shape[0] == keys.shape[0] and q.shape[1] % keys.shape[1] == 0 and keys.is_contiguous())
 
 

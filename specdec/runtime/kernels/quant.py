@@ -35,6 +35,7 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -66,6 +67,12 @@ class QWeight:
                                   # (q4k: nibbles, sc, mn) or 3328 (q6k: low nibbles, high 2 bits, sc)]
     scales: torch.Tensor          # fp32 [groups, blocks (q8, q4) or super-blocks (q4k, q6k), 16]: d or s
     mins: torch.Tensor | None     # fp32, as scales (q4: m, q4k: dmin), None (q8, q6k)
+
+    @cached_property
+    def pointers(self) -> tuple[int, int, int, int | None]:
+        """(format code, data, scales, mins addresses) for qgemm: the tensors never move once packed."""
+        return (_FMT[self.fmt], self.data.data_ptr(), self.scales.data_ptr(),
+                None if self.mins is None else self.mins.data_ptr())
 
     @property
     def nbytes(self) -> int:
@@ -278,23 +285,27 @@ def reason() -> str:
     return _kernel.reason
 
 
-def matmul_into(y: torch.Tensor, col: int, x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None,
-                threads: int | None = None, use: str | None = None) -> None:
-    """y[:, col : col + out] = x @ W^T + bias, x [n, in] fp32 contiguous, y [n, >= col + out] fp32 contiguous."""
+def matmul_parts(y: torch.Tensor, x: torch.Tensor, parts, threads: int | None = None, use: str | None = None) -> None:
+    """y[:, col : col + out] = x @ W^T + bias for each (qw, bias, col) of `parts` (a QLinear's row parts, each
+    writing its own columns), x [n, in] fp32 contiguous, y [n, >= cols] fp32 contiguous, bias fp32 contiguous
+    or None. One C call a part, with the constant arguments worked out once (`QWeight.pointers`): a decode
+    step makes ~200 of these calls, so their Python overhead counts."""
     use = use or isa()
     n = x.shape[0]
     if not n:
         return
     if use == "torch" or _load() is None:
-        y[:, col:col + qw.out_features] = reference(x, qw, bias)
+        for qw, bias, col in parts:
+            y[:, col:col + qw.out_features] = reference(x, qw, bias)
         return
-    b = None if bias is None else bias.float().contiguous()
-    rc = _kernel.lib.qgemm(_FMT[qw.fmt], ISAS[use], x.data_ptr(), qw.data.data_ptr(), qw.scales.data_ptr(),
-                    None if qw.mins is None else qw.mins.data_ptr(), None if b is None else b.data_ptr(),
-                    y.data_ptr() + 4 * col, y.shape[1], n, qw.in_features, qw.out_features,
-                    threads or torch.get_num_threads())
-    if rc:
-        raise MemoryError("qgemm: out of memory") if rc == 2 else RuntimeError(f"qgemm: {use} is not supported here")
+    lib, code, threads = _kernel.lib, ISAS[use], threads or torch.get_num_threads()
+    xp, yp, ldy = x.data_ptr(), y.data_ptr(), y.shape[1]
+    for qw, bias, col in parts:
+        fmt, w, s, m = qw.pointers
+        rc = lib.qgemm(fmt, code, xp, w, s, m, None if bias is None else bias.data_ptr(), yp + 4 * col, ldy, n,
+                       qw.in_features, qw.out_features, threads)
+        if rc:
+            raise MemoryError("qgemm: out of memory") if rc == 2 else RuntimeError(f"qgemm: {use} is not supported here")
 
 
 def matmul(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None, threads: int | None = None,
@@ -304,5 +315,5 @@ def matmul(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None, threa
         raise ValueError(f"quantized matmul: x has {x.shape[-1]} features, weight expects {qw.in_features}")
     flat = x.reshape(-1, qw.in_features).float().contiguous()
     y = torch.empty(flat.shape[0], qw.out_features)
-    matmul_into(y, 0, flat, qw, bias, threads, use)
+    matmul_parts(y, flat, [(qw, None if bias is None else bias.float().contiguous(), 0)], threads, use)
     return y.reshape(*x.shape[:-1], qw.out_features)
