@@ -380,8 +380,8 @@ static inline __attribute__((always_inline)) __m256i pairs256(const uint8_t *p, 
 /* 8 lanes of (v, v) as int16 pairs, v the bytes at p (the scale of a block or sub-block, per lane). */
 static inline __attribute__((always_inline)) __m256i twice256(const uint8_t *p, const int is_signed) {
     __m128i b = _mm_loadl_epi64((const __m128i *)p);
-    __m256i v = is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
-    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+    b = _mm_unpacklo_epi8(b, b);
+    return is_signed ? _mm256_cvtepi8_epi16(b) : _mm256_cvtepu8_epi16(b);
 }
 
 /* q4k, q6k: the block scale multiplies in vpmaddwd (in place of tile256's ones): sc * (p0 + p1). */
