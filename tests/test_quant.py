@@ -202,6 +202,23 @@ def test_k_formats_at_their_edges_give_the_same_bits(fmt):
             assert torch.equal(Q.matmul(x[[20, 0, 5, 3]], qw, b, use=use), want[[20, 0, 5, 3]])
 
 
+@pytest.mark.parametrize("fmt", ["q8", "q4", "q4k", "q6k"])
+def test_activation_ties_round_to_even_on_every_path(fmt):
+    """Inputs at exact halves of the activation step (amax 127 in every block: the step is 1) round to even
+    in the kernels' 8-wide quantization, their scalar tail (in = 2309 for q8 and q4) and torch alike."""
+    in_f = 2309 if fmt in Q.FORMATS else 2304
+    x = ((torch.arange(in_f) % 64) - 31.5).repeat(3, 1)
+    x[:, ::32] = 127.0
+    x[1] = -x[1]
+    qx = Q.quantize_rows(x, Q.BLOCK if fmt in Q.FORMATS else Q.SUPER)[0].flatten(1)[:, :in_f]
+    assert qx[0, 1:6].tolist() == [-30, -30, -28, -28, -26]  # -30.5, -29.5, ... to even
+    w = torch.randn(21, in_f, generator=torch.Generator().manual_seed(2))
+    qw = Q.from_fp32(w, fmt) if fmt in Q.FORMATS else k_weight({"q4k": "Q4_K", "q6k": "Q6_K"}[fmt], 21, in_f)
+    want = Q.reference(x, qw)
+    for use in USES:
+        assert torch.equal(Q.matmul(x, qw, use=use), want), use
+
+
 def test_k_formats_need_whole_super_blocks():
     q, d, sc = quantized.k_blocks(_raw_k("Q6_K", 16, 512), "Q6_K", 16, 512)
     with pytest.raises(ValueError, match="multiple of 256"):
