@@ -142,14 +142,81 @@ def test_gguf_blocks_are_lossless(qtype):
                if b is not None)
 
 
-def test_q4k_gives_q4s_bits_in_fewer_bytes():
-    """Q4_K kept as q4k is the same weights as q4 with s = d*sc and m = dmin*mn (exact): the same logits."""
-    qw = k_weight("Q4_K", 40, 768)
-    q, s, m = Q._as_q4(qw)
-    as_q4 = Q.pack("q4", q.to(torch.uint8), s, m, in_features=768)
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_k_formats_close_to_the_dequantized_matmul(qtype):
+    """q4k and q6k quantize the activations per super-block of 256 (llama.cpp's Q8_K): still within 8-bit
+    noise of the exact product, and q4k is q4's weights (s = d*sc, m = dmin*mn) in fewer bytes."""
+    qw = k_weight(qtype, 40, 768)
     x = torch.randn(5, 768)
-    assert torch.equal(Q.matmul(x, qw), Q.matmul(x, as_q4)) and torch.equal(Q.reference(x, qw), Q.reference(x, as_q4))
-    assert qw.nbytes / as_q4.nbytes == pytest.approx(0.59375 / 0.75)
+    exact = x.double() @ Q.dequantize(qw).double().t()
+    assert ((Q.matmul(x, qw).double() - exact).abs().max() / exact.abs().max()).item() < 0.02
+    if qtype == "Q4_K":
+        q, s, m = Q._as_q4(qw)
+        as_q4 = Q.pack("q4", q.to(torch.uint8), s, m, in_features=768)
+        assert torch.equal(Q.dequantize(qw), Q.dequantize(as_q4))
+        assert qw.nbytes / as_q4.nbytes == pytest.approx(0.59375 / 0.75)
+
+
+def _extreme_k(fmt, out_f, in_f):
+    """A q4k / q6k matrix at its integer bounds: rows of q = 15 (q4k) or 0 and 63 (q6k, q - 32 = -32 and 31)
+    with the largest scales (q4k sc = mn = 63; q6k sc = -128 and 127), then random rows."""
+    g = torch.Generator().manual_seed(3)
+    nb, ns = in_f // 32, in_f // 256
+    d = torch.rand(out_f, ns, generator=g) * 0.01 + 0.001
+    if fmt == "q4k":
+        q = torch.randint(0, 16, (out_f, nb, 32), generator=g, dtype=torch.uint8)
+        sc = torch.randint(0, 64, (out_f, nb), generator=g, dtype=torch.uint8)
+        mn = torch.randint(0, 64, (out_f, nb), generator=g, dtype=torch.uint8)
+        q[0], sc[:2], mn[:2] = 15, 63, 63
+        return Q.pack(fmt, q, d, sc, d * 0.5, mn, in_features=in_f)
+    q = torch.randint(0, 64, (out_f, nb, 32), generator=g, dtype=torch.uint8)
+    sc = torch.randint(-128, 128, (out_f, 2 * nb), generator=g, dtype=torch.int8)
+    q[0], q[1], sc[0], sc[1] = 0, 63, -128, 127
+    return Q.pack(fmt, q, d, sc, in_features=in_f)
+
+
+@pytest.mark.parametrize("fmt", ["q4k", "q6k"])
+def test_k_formats_at_their_edges_give_the_same_bits(fmt):
+    """Super-block sums past 2^24 (q4k: 8 * 63 * 32 * 15 * 127 = 30.7 M; q6k: 16 * 128 * 16 * 32 * 127 = 133 M
+    round once in the int -> float conversion, the same on every path), zero rows and zero super-blocks
+    (dx = 0), one huge input among small ones, in = 256 k for several k, any n, both thread counts."""
+    assert 8 * 63 * 32 * 15 * 127 > 2 ** 24 and 16 * 128 * 16 * 32 * 127 < 2 ** 31
+    g = torch.Generator().manual_seed(4)
+    for in_f in (256, 1280, 2304):
+        qw = _extreme_k(fmt, 37, in_f)
+        x = torch.randn(21, in_f, generator=g)
+        x[0], x[1] = 1.0, -1.0          # qx = +-127 everywhere: the largest sums (odd ones, so they round)
+        x[0, 5::32], x[1, 9::32] = 0.99, -0.5
+        x[2, ::2], x[2, 1::2] = 3.0, -3.0
+        x[3] = 0.0                      # a zero row: y = bias
+        x[4, :256] = 0.0                # a zero super-block
+        x[5, 7] = 1e4                   # one input sets the scale of its super-block
+        b = torch.randn(37, generator=g)
+        want = Q.reference(x, qw, b)
+        assert torch.equal(want[3], b)
+        for use in USES:
+            for n in (1, 3, 8, 9, 16, 21):
+                for threads in (1, 2):
+                    got = Q.matmul(x[:n], qw, b, threads=threads, use=use)
+                    assert torch.equal(got, want[:n]), (use, in_f, n, threads)
+            assert torch.equal(Q.matmul(x[[20, 0, 5, 3]], qw, b, use=use), want[[20, 0, 5, 3]])
+
+
+@pytest.mark.parametrize("fmt", ["q8", "q4", "q4k", "q6k"])
+def test_activation_ties_round_to_even_on_every_path(fmt):
+    """Inputs at exact halves of the activation step (amax 127 in every block: the step is 1) round to even
+    in the kernels' 8-wide quantization, their scalar tail (in = 2309 for q8 and q4) and torch alike."""
+    in_f = 2309 if fmt in Q.FORMATS else 2304
+    x = ((torch.arange(in_f) % 64) - 31.5).repeat(3, 1)
+    x[:, ::32] = 127.0
+    x[1] = -x[1]
+    qx = Q.quantize_rows(x, Q.BLOCK if fmt in Q.FORMATS else Q.SUPER)[0].flatten(1)[:, :in_f]
+    assert qx[0, 1:6].tolist() == [-30, -30, -28, -28, -26]  # -30.5, -29.5, ... to even
+    w = torch.randn(21, in_f, generator=torch.Generator().manual_seed(2))
+    qw = Q.from_fp32(w, fmt) if fmt in Q.FORMATS else k_weight({"q4k": "Q4_K", "q6k": "Q6_K"}[fmt], 21, in_f)
+    want = Q.reference(x, qw)
+    for use in USES:
+        assert torch.equal(Q.matmul(x, qw, use=use), want), use
 
 
 def test_k_formats_need_whole_super_blocks():

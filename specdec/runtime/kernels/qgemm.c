@@ -4,14 +4,14 @@
  *   q8:  w = d * q,        q int8 in -127..127, stored as the unsigned byte q + 128, d fp32;
  *   q4:  w = s * q - m,    q in 0..15, two per byte, s and m fp32;
  *   q4k: GGUF Q4_K kept as it is: w = (d * sc) * q - (dmin * mn), q in 0..15, sc and mn 6-bit integers per
- *        block of 32, d and dmin fp32 (the file's fp16) per super-block of 256. s = d * sc and m = dmin * mn
- *        are exact in fp32, so q4k gives q4's bits for the same weights, in 0.5625 + 0.0156 bytes a weight;
+ *        block of 32, d and dmin fp32 (the file's fp16) per super-block of 256: 0.5625 + 0.0156 bytes a weight;
  *   q6k: GGUF Q6_K kept as it is: w = d * sc * (q - 32), q in 0..63, sc an int8 per sub-block of 16,
  *        d fp32 (the file's fp16) per super-block of 256: 0.8125 bytes a weight (q8: 1.125).
- * Activations are quantized here, per row and per block of 32 (GGUF Q8_0 style): dx = amax / 127,
- * qx = round(x * (127 / amax)) in -127..127 (ties to even), sx = the block's sum of qx, and sx16 the sums
- * of its two halves (for q6k). The scale depends only on that row's values, so a row's quantized input
- * never depends on n.
+ * Activations are quantized here, per row, with one scale per block of 32 (q8, q4: GGUF Q8_0 style) or per
+ * super-block of 256 (q4k, q6k: llama.cpp's Q8_K): dx = amax / 127, qx = round(x * (127 / amax)) in
+ * -127..127 (ties to even), and the sums of qx: sx per block of 32 (q8, q4; dxs = dx * (float)sx for q4),
+ * bs per block of 32 (q4k) or per half block of 16 (q6k). The scale depends only on that row's values, so a
+ * row's quantized input never depends on n.
  *
  * Layout ("VNNI order"): outputs in groups of G = 16 (the 16 int32 lanes of a 512-bit register), and
  * per group and block the bytes are ordered so one 64-byte load holds 4 consecutive inputs of each of
@@ -28,21 +28,35 @@
  *   scales fp32 [group][block][16] (q8, q4: d or s) or [group][super-block][16] (q4k, q6k: d), mins the
  *   same for q4 (m) and q4k (dmin). Rows past `out` and inputs past `in` are zero.
  *
- * Exact integer part: per output o, row i and block b, isum = sum over the block of q * qx, an exact
- * int32 (|isum| < 2^21) whatever instructions compute it: vpdpbusd on the biased q8 bytes then minus
- * 128 * sx (AVX512-VNNI), or |q| times sign-adjusted qx with vpmaddubsw + vpmaddwd (AVX2, no
- * saturation: 2 * 127 * 127 < 2^15), or nibbles with either. q6k: per half h of the block,
- * i16 = sum of q * qx minus 32 * sx16 (|i16| <= 16 * 32 * 127), and isum = sc0 * i16_0 + sc1 * i16_1, an
- * int32 below 2^24 in magnitude, so its float is exact too.
+ * Exact integer part, whatever instructions compute it: vpdpbusd on the biased q8 bytes then minus 128 * sx,
+ * or on nibbles (AVX512-VNNI); |q| times sign-adjusted qx with vpmaddubsw + vpmaddwd (AVX2, no saturation:
+ * 2 * 127 * 127 < 2^15), or nibbles times qx the same way. Per output o and row i:
+ *   q8, q4, per block b: isum = sum over the block of q * qx, |isum| <= 32 * 127 * 127 < 2^19.
+ *   q4k, per super-block: isup = sum over its 8 blocks j of sc_j * (sum over block j of q * qx), |isup| <=
+ *     8 * 63 * 32 * 15 * 127 = 30,723,840 < 2^25 (int32 exact; AVX512: vpmulld per block, AVX2: sc_j as the
+ *     vpmaddwd multiplier); imin = sum over j of mn_j * bs_j, |imin| <= 8 * 63 * 32 * 127 < 2^21
+ *     (vpdpwssd / vpmaddwd on int16 pairs of mn and bs).
+ *   q6k, per super-block: isup = sum over its 16 sub-blocks s of sc_s * (sum of q * qx - 32 * bs_s), via
+ *     sum of sc_s * (sum of q * qx) (<= 16 * 128 * 16 * 63 * 127 < 2^28) minus 32 * (sum of sc_s * bs_s)
+ *     (int16 pairs as for q4k's mins); |isup| <= 16 * 128 * 16 * 32 * 127 = 133,169,152 < 2^28.
+ * isum and imin are below 2^24, so their floats are exact. isup may pass 2^24: (float)isup is then the
+ * round-to-nearest-even of a fixed integer (vcvtdq2ps under the default MXCSR; torch's int32 -> fp32 the
+ * same), one rounding that depends only on the integer, so it is the same for any n, tile or ISA.
  * Fixed float part, identical on every ISA and in the torch fallback (kernels/quant.py), per output:
  *   acc = 0;
- *   for each block b in order:
- *     q8:      acc = acc + (d[o,b] * dx[b]) * (float)isum;
- *     q4, q4k: acc = acc + (s[o,b] * dx[b]) * (float)isum;  acc = acc - m[o,b] * (dx[b] * (float)sx[b]);
- *     q6k:     acc = acc + (d[o,b/8] * dx[b]) * (float)isum;
+ *   q8, q4: for each block b in order:
+ *     q8:  acc = acc + (d[o,b] * dx[b]) * (float)isum;
+ *     q4:  acc = acc + (s[o,b] * dx[b]) * (float)isum;  acc = acc - m[o,b] * dxs[b];
+ *   q4k, q6k: for each super-block S in order (dx[S] its activation scale):
+ *     q4k: acc = acc + (d[o,S] * dx[S]) * (float)isup;  acc = acc - (dmin[o,S] * dx[S]) * (float)imin;
+ *     q6k: acc = acc + (d[o,S] * dx[S]) * (float)isup;
  *   y = acc (+ bias[o]).
  * Each product and sum rounds once (compiled with -ffp-contract=off: no fused multiply-adds), so a
  * forward over n positions gives bit-identical outputs to n single-position forwards, on any ISA.
+ * One float step per super-block instead of per block (and the activations quantized 8 at a time) is what
+ * makes the k-formats cheap per position: Qwen2.5-Coder-1.5B's q4k/q6k parts, all layers and the head,
+ * 2 threads, shared machine (benchmarks/kernel/qgemm_parts.py), per-32 float steps -> per-256:
+ * n = 1 25.7 -> 22.2 ms, n = 4 35.4 -> 22.2, n = 8 49.5 -> 26.4, n = 64 370 -> 173.
  *
  * Tiling: each unit of work is UNIT groups (64 outputs), handed to the threads in guided runs of
  * consecutive units (long contiguous streams first, short runs at the end; one unit at a time measured
@@ -67,6 +81,7 @@
 #define ROWS 8
 #define UNIT 4
 #define MIN_WORK (1 << 17) /* weights per thread, at least */
+#define UNROLL _Pragma("GCC unroll 16") /* rows and lanes in registers: a rolled loop keeps them on the stack */
 #define PF_BLOCKS 16 /* software prefetch distance in blocks: 16-32 measured 1.2-1.7x faster than none */
 
 enum { FMT_Q8 = 8, FMT_Q4 = 4, FMT_Q4K = 41, FMT_Q6K = 6 };
@@ -79,74 +94,100 @@ static inline __attribute__((always_inline)) int64_t chunk_bytes(const int fmt) 
 #define KFMT(fmt) ((fmt) == FMT_Q4K || (fmt) == FMT_Q6K)
 
 typedef struct {
-    const int8_t *xq;    /* [n][nb * 32] */
-    const float *dx;     /* [n][nb] */
-    const int32_t *sx;   /* [n][nb] */
-    const float *dxs;    /* [n][nb]: dx * (float)sx */
-    const int32_t *sx16; /* [n][nb][2]: 32 * the sums of each half's qx (the q6k bias) */
-    int64_t nb;
+    const int8_t *xq;   /* [n][nb * 32] */
+    const float *dx;    /* [n][ns]: one scale per block (q8, q4: ns = nb) or per super-block (q4k, q6k: nb / 8) */
+    const int32_t *sx;  /* [n][nb]: the block's sum of qx (q8: the +128 bias) */
+    const float *dxs;   /* [n][nb]: dx * (float)sx (q4: the min) */
+    const int16_t *bs;  /* q4k: [n][nb] the block's sum of qx; q6k: [n][nb][2] each half's */
+    int64_t nb, ns;
 } acts;
 
-static void quantize_rows(const float *x, int64_t n, int64_t in, int64_t nb, int8_t *xq, float *dx, int32_t *sx,
-                          float *dxs, int32_t *sx16) {
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t b = 0; b < nb; b++) {
-            const float *s = x + i * in + b * QB;
-            int64_t len = in - b * QB < QB ? in - b * QB : QB;
-            float amax = 0.0f;
-            for (int64_t k = 0; k < len; k++) {
-                float a = fabsf(s[k]);
-                amax = a > amax ? a : amax;
-            }
-            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            int32_t half[2] = {0, 0};
-            int8_t *q = xq + (i * nb + b) * QB;
-            for (int64_t k = 0; k < QB; k++) {
-                int v = 0;
-                if (k < len) {
-                    v = (int)nearbyintf(s[k] * inv);
-                    v = v > 127 ? 127 : (v < -127 ? -127 : v);
-                }
-                q[k] = (int8_t)v;
-                half[k >= 16] += v;
-            }
-            dx[i * nb + b] = amax / 127.0f;
-            sx[i * nb + b] = half[0] + half[1];
-            dxs[i * nb + b] = dx[i * nb + b] * (float)(half[0] + half[1]);
-            sx16[2 * (i * nb + b)] = 32 * half[0];
-            sx16[2 * (i * nb + b) + 1] = 32 * half[1];
-        }
+/* The sums of the 16-byte halves of the 32 int8 at q. */
+static inline __attribute__((always_inline)) void half_sums(const int8_t *q, int32_t half[2]) {
+    __m256i v = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)q)),
+                                  _mm256_set1_epi16(1)); /* 8 int32, each the sum of 4 bytes */
+    __m128i h[2] = {_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)};
+    for (int e = 0; e < 2; e++) {
+        __m128i t = _mm_add_epi32(h[e], _mm_shuffle_epi32(h[e], 0x4E));
+        half[e] = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
+    }
 }
 
-static inline int32_t load4(const int8_t *p) {
+/* Quantize each row of x: one scale per `span` = nb * 32 / ns inputs, then the sums of qx (see the top).
+ * AVX2, 8 inputs at a time: the max of |x| is exact in any order, and each qx is the same one product and
+ * one rounding (to nearest even, then clamped) as the scalar tail and the torch code. */
+static void quantize_rows(int fmt, const float *x, int64_t n, int64_t in, int64_t nb, int64_t ns, int8_t *xq,
+                          float *dx, int32_t *sx, float *dxs, int16_t *bs) {
+    const int64_t span = nb * QB / ns;
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t s = 0; s < ns; s++) {
+            const float *p = x + i * in + s * span;
+            const int64_t len = in - s * span < span ? in - s * span : span, len8 = len & ~(int64_t)7;
+            __m256 m = _mm256_setzero_ps();
+            for (int64_t k = 0; k < len8; k += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(p + k), abs_mask));
+            float lanes[8], amax = 0.0f;
+            _mm256_storeu_ps(lanes, m);
+            for (int k = 0; k < 8; k++) amax = lanes[k] > amax ? lanes[k] : amax;
+            for (int64_t k = len8; k < len; k++) amax = fabsf(p[k]) > amax ? fabsf(p[k]) : amax;
+            const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            const __m256 vi = _mm256_set1_ps(inv);
+            int8_t *q = xq + i * nb * QB + s * span;
+            for (int64_t k = 0; k < len8; k += 8) {
+                __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(p + k), vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                __m256i v = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+                __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+                _mm_storel_epi64((__m128i *)(q + k), _mm_packs_epi16(w, w));
+            }
+            for (int64_t k = len8; k < span; k++) {
+                float r = k < len ? nearbyintf(p[k] * inv) : 0.0f;
+                q[k] = (int8_t)(r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r));
+            }
+            dx[i * ns + s] = amax / 127.0f;
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t ib = i * nb + b;
+            int32_t half[2];
+            half_sums(xq + ib * QB, half);
+            sx[ib] = half[0] + half[1];
+            dxs[ib] = dx[i * ns + b * ns / nb] * (float)sx[ib];
+            if (fmt == FMT_Q6K) {
+                bs[2 * ib] = (int16_t)half[0];
+                bs[2 * ib + 1] = (int16_t)half[1];
+            } else {
+                bs[ib] = (int16_t)sx[ib];
+            }
+        }
+    }
+}
+
+static inline int32_t load4(const void *p) {
     int32_t v;
     memcpy(&v, p, 4);
     return v;
 }
 
 /* ---- AVX512-VNNI: one group of 16 outputs x R rows ------------------------------------------------ */
+/* q8, q4: blocks of 32, one float step per block. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static inline __attribute__((always_inline)) void
 tile512(const int fmt, const uint8_t *W, const float *S, const float *M, acts a, int64_t row0, float *y,
         int64_t ldy, const float *bias, int valid, const int R) {
     __m512 acc[ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
-    const __m512i low4 = _mm512_set1_epi8(0x0F), hi2 = _mm512_set1_epi8(0x30);
-    const int64_t nb = a.nb, per = KFMT(fmt) ? chunk_bytes(fmt) / BPS : chunk_bytes(fmt);
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const int64_t nb = a.nb, per = chunk_bytes(fmt);
     for (int64_t b = 0; b < nb; b++) {
-        __m512i is[ROWS], is1[ROWS];
-        for (int r = 0; r < R; r++) is[r] = is1[r] = _mm512_setzero_si512();
+        __m512i is[ROWS];
+        for (int r = 0; r < R; r++) is[r] = _mm512_setzero_si512();
         const int8_t *xb = a.xq + row0 * nb * QB + b * QB;
         { /* the weights PF_BLOCKS blocks ahead (past the group's end: the next group's, laid out after it) */
             const char *ahead = (const char *)(W + (b + PF_BLOCKS) * per);
-            for (int l = 0; l < (per + 63) / 64; l++) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
-            if (!KFMT(fmt) || (b & (BPS - 1)) == 0) {
-                int64_t s = KFMT(fmt) ? b / BPS + PF_BLOCKS / BPS : b + PF_BLOCKS;
-                _mm_prefetch((const char *)(S + s * G), _MM_HINT_T0);
-                if (M) _mm_prefetch((const char *)(M + s * G), _MM_HINT_T0);
-            }
+            for (int l = 0; l < per / 64; l++) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
+            _mm_prefetch((const char *)(S + (b + PF_BLOCKS) * G), _MM_HINT_T0);
+            if (M) _mm_prefetch((const char *)(M + (b + PF_BLOCKS) * G), _MM_HINT_T0);
         }
-        const uint8_t *chunk = W + (KFMT(fmt) ? (b / BPS) * chunk_bytes(fmt) : b * per);
-        const int j = (int)(b % BPS); /* the block within its super-block (q4k, q6k) */
+        const uint8_t *chunk = W + b * per;
         if (fmt == FMT_Q8) {
             for (int t = 0; t < 8; t++) {
                 __m512i v = _mm512_loadu_si512((const void *)(chunk + 64 * t));
@@ -154,61 +195,24 @@ tile512(const int fmt, const uint8_t *W, const float *S, const float *M, acts a,
                     is[r] = _mm512_dpbusd_epi32(is[r], v, _mm512_set1_epi32(load4(xb + r * nb * QB + 4 * t)));
             }
         } else {
-            const uint8_t *w = KFMT(fmt) ? chunk + 256 * j : chunk;
-            __m512i h[2];
-            if (fmt == FMT_Q6K)
-                for (int p = 0; p < 2; p++) h[p] = _mm512_loadu_si512((const void *)(chunk + 2048 + 128 * j + 64 * p));
             for (int c = 0; c < 4; c++) {
-                __m512i v = _mm512_loadu_si512((const void *)(w + 64 * c));
+                __m512i v = _mm512_loadu_si512((const void *)(chunk + 64 * c));
                 __m512i u[2] = {_mm512_and_si512(v, low4), _mm512_and_si512(_mm512_srli_epi16(v, 4), low4)};
-                for (int e = 0; e < 2; e++) {
-                    const int t = 2 * c + e; /* inputs 4t .. 4t+3 */
-                    if (fmt == FMT_Q6K) { /* bits 2(t%4) of h[t/4] to bits 4..5 */
-                        const int sh = 2 * (t % 4);
-                        __m512i hb = sh <= 4 ? _mm512_slli_epi16(h[t / 4], 4 - sh) : _mm512_srli_epi16(h[t / 4], 2);
-                        u[e] = _mm512_or_si512(u[e], _mm512_and_si512(hb, hi2));
-                    }
-                    for (int r = 0; r < R; r++) {
-                        __m512i xv = _mm512_set1_epi32(load4(xb + r * nb * QB + 4 * t));
-                        if (fmt == FMT_Q6K && t >= 4) is1[r] = _mm512_dpbusd_epi32(is1[r], u[e], xv);
-                        else is[r] = _mm512_dpbusd_epi32(is[r], u[e], xv);
-                    }
-                }
+                for (int e = 0; e < 2; e++)
+                    for (int r = 0; r < R; r++)
+                        is[r] = _mm512_dpbusd_epi32(is[r], u[e], _mm512_set1_epi32(load4(xb + r * nb * QB + 4 * (2 * c + e))));
             }
         }
+        __m512 sc = _mm512_loadu_ps(S + b * G);
         if (fmt == FMT_Q8) {
-            __m512 sc = _mm512_loadu_ps(S + b * G);
             for (int r = 0; r < R; r++) {
                 int64_t i = (row0 + r) * nb + b;
                 __m512i isum = _mm512_sub_epi32(is[r], _mm512_set1_epi32(128 * a.sx[i]));
                 __m512 d = _mm512_mul_ps(sc, _mm512_set1_ps(a.dx[i]));
                 acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum)));
             }
-        } else if (fmt == FMT_Q6K) {
-            __m512 dv = _mm512_loadu_ps(S + (b / BPS) * G);
-            const int8_t *sc = (const int8_t *)(chunk + 3072 + 32 * j);
-            __m512i s0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc));
-            __m512i s1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16)));
-            for (int r = 0; r < R; r++) {
-                int64_t i = (row0 + r) * nb + b;
-                __m512i i0 = _mm512_sub_epi32(is[r], _mm512_set1_epi32(a.sx16[2 * i]));
-                __m512i i1 = _mm512_sub_epi32(is1[r], _mm512_set1_epi32(a.sx16[2 * i + 1]));
-                __m512i isum = _mm512_add_epi32(_mm512_mullo_epi32(s0, i0), _mm512_mullo_epi32(s1, i1));
-                __m512 d = _mm512_mul_ps(dv, _mm512_set1_ps(a.dx[i]));
-                acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum)));
-            }
         } else {
-            __m512 sc, mn;
-            if (fmt == FMT_Q4) {
-                sc = _mm512_loadu_ps(S + b * G);
-                mn = _mm512_loadu_ps(M + b * G);
-            } else { /* s = d * sc, m = dmin * mn: exact */
-                const uint8_t *k = chunk + 2048 + 16 * j;
-                sc = _mm512_mul_ps(_mm512_loadu_ps(S + (b / BPS) * G),
-                                   _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)k))));
-                mn = _mm512_mul_ps(_mm512_loadu_ps(M + (b / BPS) * G),
-                                   _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(k + 128)))));
-            }
+            __m512 mn = _mm512_loadu_ps(M + b * G);
             for (int r = 0; r < R; r++) {
                 int64_t i = (row0 + r) * nb + b;
                 __m512 d = _mm512_mul_ps(sc, _mm512_set1_ps(a.dx[i]));
@@ -225,6 +229,105 @@ tile512(const int fmt, const uint8_t *W, const float *S, const float *M, acts a,
     }
 }
 
+/* 16 lanes of int16 pairs (v[k] of block 2p, of block 2p + 1) from two rows of 16 bytes (q4k's mn, q6k's sc). */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static inline __attribute__((always_inline)) __m512i
+pairs512(const uint8_t *p, const int is_signed) {
+    __m128i lo = _mm_loadu_si128((const __m128i *)p), hi = _mm_loadu_si128((const __m128i *)(p + 16));
+    __m256i v = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+    return is_signed ? _mm512_cvtepi8_epi16(v) : _mm512_cvtepu8_epi16(v);
+}
+
+/* q4k, q6k: integer sums over the super-block, one float step per super-block. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static inline __attribute__((always_inline)) void
+tile512_k(const int fmt, const uint8_t *W, const float *S, const float *M, acts a, int64_t row0, float *y,
+          int64_t ldy, const float *bias, int valid, const int R) {
+    __m512 acc[ROWS];
+    UNROLL for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(0x0F), hi2 = _mm512_set1_epi8(0x30);
+    const int64_t nb = a.nb, ns = a.ns, per = chunk_bytes(fmt);
+    for (int64_t s = 0; s < ns; s++) {
+        const uint8_t *chunk = W + s * per;
+        __m512i isup[ROWS];
+        UNROLL for (int r = 0; r < R; r++) isup[r] = _mm512_setzero_si512();
+        for (int j = 0; j < BPS; j++) {
+            { /* the weights PF_BLOCKS blocks ahead (past the group's end: the next group's) */
+                const char *ahead = (const char *)(chunk + (j + PF_BLOCKS) * (per / BPS));
+                for (int l = 0; l < (per / BPS + 63) / 64; l++) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
+                if (j == 0) {
+                    _mm_prefetch((const char *)(S + (s + PF_BLOCKS / BPS) * G), _MM_HINT_T0);
+                    if (M) _mm_prefetch((const char *)(M + (s + PF_BLOCKS / BPS) * G), _MM_HINT_T0);
+                }
+            }
+            const int8_t *xb = a.xq + row0 * nb * QB + (s * BPS + j) * QB;
+            __m512i u[8];
+            UNROLL for (int c = 0; c < 4; c++) {
+                __m512i v = _mm512_loadu_si512((const void *)(chunk + 256 * j + 64 * c));
+                u[2 * c] = _mm512_and_si512(v, low4);
+                u[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            }
+            if (fmt == FMT_Q6K) { /* bits 2(t%4) of h[t/4] to bits 4..5 */
+                __m512i h[2];
+                UNROLL for (int p = 0; p < 2; p++) h[p] = _mm512_loadu_si512((const void *)(chunk + 2048 + 128 * j + 64 * p));
+                UNROLL for (int t = 0; t < 8; t++) {
+                    const int sh = 2 * (t % 4);
+                    __m512i hb = sh <= 4 ? _mm512_slli_epi16(h[t / 4], 4 - sh) : _mm512_srli_epi16(h[t / 4], 2);
+                    u[t] = _mm512_or_si512(u[t], _mm512_and_si512(hb, hi2));
+                }
+                const int8_t *sc = (const int8_t *)(chunk + 3072 + 32 * j);
+                __m512i s0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc));
+                __m512i s1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16)));
+                UNROLL for (int r = 0; r < R; r++) {
+                    __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
+                    UNROLL for (int t = 0; t < 4; t++) {
+                        i0 = _mm512_dpbusd_epi32(i0, u[t], _mm512_set1_epi32(load4(xb + r * nb * QB + 4 * t)));
+                        i1 = _mm512_dpbusd_epi32(i1, u[t + 4], _mm512_set1_epi32(load4(xb + r * nb * QB + 16 + 4 * t)));
+                    }
+                    isup[r] = _mm512_add_epi32(isup[r], _mm512_add_epi32(_mm512_mullo_epi32(s0, i0), _mm512_mullo_epi32(s1, i1)));
+                }
+            } else {
+                __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(chunk + 2048 + 16 * j)));
+                UNROLL for (int r = 0; r < R; r++) {
+                    __m512i is = _mm512_setzero_si512();
+                    UNROLL for (int t = 0; t < 8; t++)
+                        is = _mm512_dpbusd_epi32(is, u[t], _mm512_set1_epi32(load4(xb + r * nb * QB + 4 * t)));
+                    isup[r] = _mm512_add_epi32(isup[r], _mm512_mullo_epi32(sc, is));
+                }
+            }
+        }
+        const __m512 dv = _mm512_loadu_ps(S + s * G);
+        if (fmt == FMT_Q6K) { /* the -32: sum over sub-blocks of sc * (their sum of qx), times 32 */
+            __m512i sp[8];
+            UNROLL for (int p = 0; p < 8; p++) sp[p] = pairs512(chunk + 3072 + 32 * p, 1);
+            UNROLL for (int r = 0; r < R; r++) {
+                const int16_t *bsr = a.bs + 2 * ((row0 + r) * nb + s * BPS);
+                __m512i off = _mm512_setzero_si512();
+                UNROLL for (int p = 0; p < 8; p++) off = _mm512_dpwssd_epi32(off, sp[p], _mm512_set1_epi32(load4(bsr + 2 * p)));
+                __m512i isum = _mm512_sub_epi32(isup[r], _mm512_slli_epi32(off, 5));
+                __m512 d = _mm512_mul_ps(dv, _mm512_set1_ps(a.dx[(row0 + r) * ns + s]));
+                acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum)));
+            }
+        } else { /* the mins: sum over blocks of mn * (their sum of qx) */
+            const __m512 mv = _mm512_loadu_ps(M + s * G);
+            __m512i mp[4];
+            UNROLL for (int p = 0; p < 4; p++) mp[p] = pairs512(chunk + 2048 + 128 + 32 * p, 0);
+            UNROLL for (int r = 0; r < R; r++) {
+                const int16_t *bsr = a.bs + (row0 + r) * nb + s * BPS;
+                __m512i imin = _mm512_setzero_si512();
+                UNROLL for (int p = 0; p < 4; p++) imin = _mm512_dpwssd_epi32(imin, mp[p], _mm512_set1_epi32(load4(bsr + 2 * p)));
+                __m512 dxr = _mm512_set1_ps(a.dx[(row0 + r) * ns + s]);
+                acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_mul_ps(dv, dxr), _mm512_cvtepi32_ps(isup[r])));
+                acc[r] = _mm512_sub_ps(acc[r], _mm512_mul_ps(_mm512_mul_ps(mv, dxr), _mm512_cvtepi32_ps(imin)));
+            }
+        }
+    }
+    __mmask16 mask = (__mmask16)((1u << valid) - 1u);
+    __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias) : _mm512_setzero_ps();
+    UNROLL for (int r = 0; r < R; r++) {
+        __m512 v = bias ? _mm512_add_ps(acc[r], bv) : acc[r];
+        _mm512_mask_storeu_ps(y + r * ldy, mask, v);
+    }
+}
+
 /* ---- AVX2: the same, one half-group of 8 outputs (lanes 8h .. 8h+7) at a time -------------------- */
 static inline __attribute__((always_inline)) __m256i dot4_avx2(__m256i acc, __m256i u, __m256i x, const int fmt) {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -232,7 +335,7 @@ static inline __attribute__((always_inline)) __m256i dot4_avx2(__m256i acc, __m2
     if (fmt == FMT_Q8) { /* u = q + 128: |q| times qx with q's sign */
         __m256i q = _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80));
         p = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x, q));
-    } else { /* u <= 63: 2 * 63 * 127 < 2^15 */
+    } else { /* u <= 15: 2 * 15 * 127 < 2^15 */
         p = _mm256_maddubs_epi16(u, x);
     }
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
@@ -243,78 +346,38 @@ static inline __attribute__((always_inline)) void tile256(const int fmt, const u
                                                           int64_t ldy, const float *bias, int valid, const int R,
                                                           const int h) {
     __m256 acc[ROWS];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30);
+    UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
     const int64_t nb = a.nb;
     for (int64_t b = 0; b < nb; b++) {
-        __m256i is[ROWS], is1[ROWS];
-        for (int r = 0; r < R; r++) is[r] = is1[r] = _mm256_setzero_si256();
+        __m256i is[ROWS];
+        UNROLL for (int r = 0; r < R; r++) is[r] = _mm256_setzero_si256();
         const int8_t *xb = a.xq + row0 * nb * QB + b * QB;
-        const uint8_t *chunk = W + (KFMT(fmt) ? (b / BPS) * chunk_bytes(fmt) : b * chunk_bytes(fmt));
-        const int j = (int)(b % BPS);
+        const uint8_t *w = W + b * chunk_bytes(fmt) + 32 * h;
         if (fmt == FMT_Q8) {
-            const uint8_t *w = chunk + 32 * h;
-            for (int t = 0; t < 8; t++) {
+            UNROLL for (int t = 0; t < 8; t++) {
                 __m256i v = _mm256_loadu_si256((const __m256i *)(w + 64 * t));
-                for (int r = 0; r < R; r++)
+                UNROLL for (int r = 0; r < R; r++)
                     is[r] = dot4_avx2(is[r], v, _mm256_set1_epi32(load4(xb + r * nb * QB + 4 * t)), fmt);
             }
         } else {
-            const uint8_t *w = (KFMT(fmt) ? chunk + 256 * j : chunk) + 32 * h;
-            __m256i hv[2];
-            if (fmt == FMT_Q6K)
-                for (int p = 0; p < 2; p++)
-                    hv[p] = _mm256_loadu_si256((const __m256i *)(chunk + 2048 + 128 * j + 64 * p + 32 * h));
-            for (int c = 0; c < 4; c++) {
+            UNROLL for (int c = 0; c < 4; c++) {
                 __m256i v = _mm256_loadu_si256((const __m256i *)(w + 64 * c));
                 __m256i u[2] = {_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)};
-                for (int e = 0; e < 2; e++) {
-                    const int t = 2 * c + e;
-                    if (fmt == FMT_Q6K) {
-                        const int sh = 2 * (t % 4);
-                        __m256i hb = sh <= 4 ? _mm256_slli_epi16(hv[t / 4], 4 - sh) : _mm256_srli_epi16(hv[t / 4], 2);
-                        u[e] = _mm256_or_si256(u[e], _mm256_and_si256(hb, hi2));
-                    }
-                    for (int r = 0; r < R; r++) {
-                        __m256i xv = _mm256_set1_epi32(load4(xb + r * nb * QB + 4 * t));
-                        if (fmt == FMT_Q6K && t >= 4) is1[r] = dot4_avx2(is1[r], u[e], xv, fmt);
-                        else is[r] = dot4_avx2(is[r], u[e], xv, fmt);
-                    }
-                }
+                for (int e = 0; e < 2; e++)
+                    UNROLL for (int r = 0; r < R; r++)
+                        is[r] = dot4_avx2(is[r], u[e], _mm256_set1_epi32(load4(xb + r * nb * QB + 4 * (2 * c + e))), fmt);
             }
         }
+        __m256 sc = _mm256_loadu_ps(S + b * G + 8 * h);
         if (fmt == FMT_Q8) {
-            __m256 sc = _mm256_loadu_ps(S + b * G + 8 * h);
-            for (int r = 0; r < R; r++) {
+            UNROLL for (int r = 0; r < R; r++) {
                 __m256 d = _mm256_mul_ps(sc, _mm256_set1_ps(a.dx[(row0 + r) * nb + b]));
                 acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(d, _mm256_cvtepi32_ps(is[r])));
             }
-        } else if (fmt == FMT_Q6K) {
-            __m256 dv = _mm256_loadu_ps(S + (b / BPS) * G + 8 * h);
-            const int8_t *sc = (const int8_t *)(chunk + 3072 + 32 * j + 8 * h);
-            __m256i s0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc));
-            __m256i s1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 16)));
-            for (int r = 0; r < R; r++) {
-                int64_t i = (row0 + r) * nb + b;
-                __m256i i0 = _mm256_sub_epi32(is[r], _mm256_set1_epi32(a.sx16[2 * i]));
-                __m256i i1 = _mm256_sub_epi32(is1[r], _mm256_set1_epi32(a.sx16[2 * i + 1]));
-                __m256i isum = _mm256_add_epi32(_mm256_mullo_epi32(s0, i0), _mm256_mullo_epi32(s1, i1));
-                __m256 d = _mm256_mul_ps(dv, _mm256_set1_ps(a.dx[i]));
-                acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum)));
-            }
         } else {
-            __m256 sc, mn;
-            if (fmt == FMT_Q4) {
-                sc = _mm256_loadu_ps(S + b * G + 8 * h);
-                mn = _mm256_loadu_ps(M + b * G + 8 * h);
-            } else {
-                const uint8_t *k = chunk + 2048 + 16 * j + 8 * h;
-                sc = _mm256_mul_ps(_mm256_loadu_ps(S + (b / BPS) * G + 8 * h),
-                                   _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)k))));
-                mn = _mm256_mul_ps(_mm256_loadu_ps(M + (b / BPS) * G + 8 * h),
-                                   _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(k + 128)))));
-            }
-            for (int r = 0; r < R; r++) {
+            __m256 mn = _mm256_loadu_ps(M + b * G + 8 * h);
+            UNROLL for (int r = 0; r < R; r++) {
                 int64_t i = (row0 + r) * nb + b;
                 __m256 d = _mm256_mul_ps(sc, _mm256_set1_ps(a.dx[i]));
                 acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(d, _mm256_cvtepi32_ps(is[r])));
@@ -322,7 +385,96 @@ static inline __attribute__((always_inline)) void tile256(const int fmt, const u
             }
         }
     }
-    for (int r = 0; r < R; r++) {
+    UNROLL for (int r = 0; r < R; r++) {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, acc[r]);
+        for (int k = 0; k < valid; k++) y[r * ldy + k] = bias ? tmp[k] + bias[k] : tmp[k];
+    }
+}
+
+/* 8 lanes (8h ..) of int16 pairs (v[k] of block 2p, of block 2p + 1) from two rows of 16 bytes. */
+static inline __attribute__((always_inline)) __m256i pairs256(const uint8_t *p, const int is_signed) {
+    __m128i v = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)p), _mm_loadl_epi64((const __m128i *)(p + 16)));
+    return is_signed ? _mm256_cvtepi8_epi16(v) : _mm256_cvtepu8_epi16(v);
+}
+
+/* 8 lanes of (v, v) as int16 pairs, v the bytes at p (the scale of a block or sub-block, per lane). */
+static inline __attribute__((always_inline)) __m256i twice256(const uint8_t *p, const int is_signed) {
+    __m128i b = _mm_loadl_epi64((const __m128i *)p);
+    b = _mm_unpacklo_epi8(b, b);
+    return is_signed ? _mm256_cvtepi8_epi16(b) : _mm256_cvtepu8_epi16(b);
+}
+
+/* q4k, q6k: the block scale multiplies in vpmaddwd (in place of tile256's ones): sc * (p0 + p1). */
+static inline __attribute__((always_inline)) void tile256_k(const int fmt, const uint8_t *W, const float *S,
+                                                            const float *M, acts a, int64_t row0, float *y,
+                                                            int64_t ldy, const float *bias, int valid,
+                                                            const int R, const int h) {
+    __m256 acc[ROWS];
+    UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30);
+    const int64_t nb = a.nb, ns = a.ns, per = chunk_bytes(fmt);
+    for (int64_t s = 0; s < ns; s++) {
+        const uint8_t *chunk = W + s * per;
+        __m256i isup[ROWS];
+        UNROLL for (int r = 0; r < R; r++) isup[r] = _mm256_setzero_si256();
+        for (int j = 0; j < BPS; j++) {
+            const int8_t *xb = a.xq + row0 * nb * QB + (s * BPS + j) * QB;
+            __m256i u[8], sc[2];
+            UNROLL for (int c = 0; c < 4; c++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(chunk + 256 * j + 64 * c + 32 * h));
+                u[2 * c] = _mm256_and_si256(v, low4);
+                u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            }
+            if (fmt == FMT_Q6K) { /* u <= 63: 2 * 63 * 127 < 2^15 */
+                __m256i hv[2];
+                UNROLL for (int p = 0; p < 2; p++)
+                    hv[p] = _mm256_loadu_si256((const __m256i *)(chunk + 2048 + 128 * j + 64 * p + 32 * h));
+                UNROLL for (int t = 0; t < 8; t++) {
+                    const int sh = 2 * (t % 4);
+                    __m256i hb = sh <= 4 ? _mm256_slli_epi16(hv[t / 4], 4 - sh) : _mm256_srli_epi16(hv[t / 4], 2);
+                    u[t] = _mm256_or_si256(u[t], _mm256_and_si256(hb, hi2));
+                }
+                sc[0] = twice256(chunk + 3072 + 32 * j + 8 * h, 1);
+                sc[1] = twice256(chunk + 3072 + 32 * j + 16 + 8 * h, 1);
+            } else {
+                sc[0] = sc[1] = twice256(chunk + 2048 + 16 * j + 8 * h, 0);
+            }
+            UNROLL for (int r = 0; r < R; r++)
+                UNROLL for (int t = 0; t < 8; t++) {
+                    __m256i p = _mm256_maddubs_epi16(u[t], _mm256_set1_epi32(load4(xb + r * nb * QB + 4 * t)));
+                    isup[r] = _mm256_add_epi32(isup[r], _mm256_madd_epi16(p, sc[t / 4]));
+                }
+        }
+        const __m256 dv = _mm256_loadu_ps(S + s * G + 8 * h);
+        if (fmt == FMT_Q6K) {
+            __m256i sp[8];
+            UNROLL for (int p = 0; p < 8; p++) sp[p] = pairs256(chunk + 3072 + 32 * p + 8 * h, 1);
+            UNROLL for (int r = 0; r < R; r++) {
+                const int16_t *bsr = a.bs + 2 * ((row0 + r) * nb + s * BPS);
+                __m256i off = _mm256_setzero_si256();
+                UNROLL for (int p = 0; p < 8; p++)
+                    off = _mm256_add_epi32(off, _mm256_madd_epi16(sp[p], _mm256_set1_epi32(load4(bsr + 2 * p))));
+                __m256i isum = _mm256_sub_epi32(isup[r], _mm256_slli_epi32(off, 5));
+                __m256 d = _mm256_mul_ps(dv, _mm256_set1_ps(a.dx[(row0 + r) * ns + s]));
+                acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum)));
+            }
+        } else {
+            const __m256 mv = _mm256_loadu_ps(M + s * G + 8 * h);
+            __m256i mp[4];
+            UNROLL for (int p = 0; p < 4; p++) mp[p] = pairs256(chunk + 2048 + 128 + 32 * p + 8 * h, 0);
+            UNROLL for (int r = 0; r < R; r++) {
+                const int16_t *bsr = a.bs + (row0 + r) * nb + s * BPS;
+                __m256i imin = _mm256_setzero_si256();
+                UNROLL for (int p = 0; p < 4; p++)
+                    imin = _mm256_add_epi32(imin, _mm256_madd_epi16(mp[p], _mm256_set1_epi32(load4(bsr + 2 * p))));
+                __m256 dxr = _mm256_set1_ps(a.dx[(row0 + r) * ns + s]);
+                acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_mul_ps(dv, dxr), _mm256_cvtepi32_ps(isup[r])));
+                acc[r] = _mm256_sub_ps(acc[r], _mm256_mul_ps(_mm256_mul_ps(mv, dxr), _mm256_cvtepi32_ps(imin)));
+            }
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) {
         float tmp[8];
         _mm256_storeu_ps(tmp, acc[r]);
         for (int k = 0; k < valid; k++) y[r * ldy + k] = bias ? tmp[k] + bias[k] : tmp[k];
@@ -336,13 +488,19 @@ typedef void (*tile_fn)(const uint8_t *, const float *, const float *, acts, int
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void t512_##FMT##_##R(          \
         const uint8_t *W, const float *S, const float *M, acts a, int64_t row0, float *y, int64_t ldy,     \
         const float *bias, int valid) {                                                                    \
-        tile512(FMT, W, S, M, a, row0, y, ldy, bias, valid, R);                                            \
+        if (KFMT(FMT)) tile512_k(FMT, W, S, M, a, row0, y, ldy, bias, valid, R);                          \
+        else tile512(FMT, W, S, M, a, row0, y, ldy, bias, valid, R);                                       \
     }                                                                                                      \
     static void t256_##FMT##_##R(const uint8_t *W, const float *S, const float *M, acts a, int64_t row0,   \
                                  float *y, int64_t ldy, const float *bias, int valid) {                    \
         int v0 = valid < 8 ? valid : 8;                                                                    \
-        tile256(FMT, W, S, M, a, row0, y, ldy, bias, v0, R, 0);                                            \
-        if (valid > 8) tile256(FMT, W, S, M, a, row0, y + 8, ldy, bias ? bias + 8 : 0, valid - 8, R, 1);   \
+        for (int h = 0; h < 2 && (h == 0 || valid > 8); h++) {                                             \
+            float *yh = y + 8 * h;                                                                         \
+            const float *bh = bias ? bias + 8 * h : 0;                                                     \
+            int vh = h ? valid - 8 : v0;                                                                   \
+            if (KFMT(FMT)) tile256_k(FMT, W, S, M, a, row0, yh, ldy, bh, vh, R, h);                       \
+            else tile256(FMT, W, S, M, a, row0, yh, ldy, bh, vh, R, h);                                    \
+        }                                                                                                  \
     }
 #define ALL_ROWS(FMT) TILES(FMT, 1) TILES(FMT, 2) TILES(FMT, 3) TILES(FMT, 4) \
                       TILES(FMT, 5) TILES(FMT, 6) TILES(FMT, 7) TILES(FMT, 8)
@@ -387,17 +545,19 @@ int qgemm(int fmt, int isa, const float *x, const uint8_t *W, const float *S, co
     const tile_fn *tiles = tiles_for(fmt, isa);
     if (!tiles || !qgemm_supported(isa) || (KFMT(fmt) && in % (BPS * QB))) return 1;
     const int64_t nb = (in + QB - 1) / QB, groups = (out + G - 1) / G, units = (groups + UNIT - 1) / UNIT;
+    const int64_t ns = KFMT(fmt) ? nb / BPS : nb; /* activation scales a row */
     const int64_t wgroup = KFMT(fmt) ? nb / BPS * chunk_bytes(fmt) : nb * chunk_bytes(fmt); /* bytes a group */
     const int64_t sgroup = KFMT(fmt) ? nb / BPS * G : nb * G;                                /* scales a group */
     int8_t *xq = malloc((size_t)(n * nb * QB) + 64);
-    float *dx = malloc((size_t)(n * nb) * sizeof(float) + 64), *dxs = malloc((size_t)(n * nb) * sizeof(float) + 64);
-    int32_t *sx = malloc((size_t)(n * nb) * sizeof(int32_t) + 64), *sx16 = malloc((size_t)(n * nb) * 8 + 64);
-    if (!xq || !dx || !dxs || !sx || !sx16) {
-        free(xq); free(dx); free(dxs); free(sx); free(sx16);
+    float *dx = malloc((size_t)(n * ns) * sizeof(float) + 64), *dxs = malloc((size_t)(n * nb) * sizeof(float) + 64);
+    int32_t *sx = malloc((size_t)(n * nb) * sizeof(int32_t) + 64);
+    int16_t *bs = malloc((size_t)(n * nb) * 2 * sizeof(int16_t) + 64);
+    if (!xq || !dx || !dxs || !sx || !bs) {
+        free(xq); free(dx); free(dxs); free(sx); free(bs);
         return 2;
     }
-    quantize_rows(x, n, in, nb, xq, dx, sx, dxs, sx16);
-    acts a = {xq, dx, sx, dxs, sx16, nb};
+    quantize_rows(fmt, x, n, in, nb, ns, xq, dx, sx, dxs, bs);
+    acts a = {xq, dx, sx, dxs, bs, nb, ns};
     int64_t most = in * out / MIN_WORK; /* a tiny matrix is not worth waking a second thread */
     if (threads > most) threads = (int)most;
     if (threads > units) threads = (int)units;
@@ -416,6 +576,6 @@ int qgemm(int fmt, int isa, const float *x, const uint8_t *W, const float *S, co
             }
         }
     }
-    free(xq); free(dx); free(dxs); free(sx); free(sx16);
+    free(xq); free(dx); free(dxs); free(sx); free(bs);
     return 0;
 }

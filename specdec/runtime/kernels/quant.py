@@ -5,19 +5,21 @@ Formats (per output row, per block of 32 inputs; scales fp32 so nothing from a G
   q4:  w = s * q - m,  q in 0..15 (GGUF Q4_1 with fp32 scale and min). Q4_1 (w = d*q + mn) and Q4_0
        (w = d*(q - 8)) map to it directly;
   q4k: GGUF Q4_K as it is: super-blocks of 256 = 8 blocks of 32 with w = (d*sc)*q - dmin*mn, sc and mn
-       6-bit integers per block (stored as bytes), d and dmin per super-block. s = d*sc and m = dmin*mn
-       are exact in fp32 (an fp16 times a 6-bit integer), so the kernel computes them and gives q4's bits;
+       6-bit integers per block (stored as bytes), d and dmin per super-block (the same weights as q4 with
+       s = d*sc, m = dmin*mn, exact in fp32);
   q6k: GGUF Q6_K as it is: super-blocks of 256 = 16 sub-blocks of 16 with w = (d*sc)*(q - 32), q in
-       0..63, sc an int8 per sub-block, d per super-block (exact in fp32 likewise).
+       0..63, sc an int8 per sub-block, d per super-block.
 Bytes per weight: q8 1.125, q4 0.75, q4k 0.5938 (the file's 0.5625), q6k 0.8281 (the file's 0.8203).
 The `--dtype` names are q8 and q4 (FORMATS); a q4 model holds q4k, q6k, q4 and q8 parts as its GGUF has
 them (`specdec.store.quantized`).
 
-The matmul quantizes each row of x per block of 32 to int8 (GGUF Q8_0 activations: the scale depends
-only on that row), takes exact integer dot products per block and applies the block scales in one fixed
-order (`qgemm.c` gives the worked-out order). So every output is the same sequence of float operations
-whatever n is: a forward over n positions is bit-identical to n single-position forwards, and the
-instruction set (AVX512-VNNI `vpdpbusd`, AVX2 `vpmaddubsw` + `vpmaddwd`, or the torch code below) does
+The matmul quantizes each row of x to int8 with one scale per block of 32 for q8 and q4 (GGUF Q8_0
+activations) or per super-block of 256 for q4k and q6k (llama.cpp's Q8_K): the scale depends only on that
+row. It takes exact integer dot products, per block (q8, q4) or summed over the super-block with the
+integer sub-block scales (q4k, q6k: one float step per 256 inputs), and applies the float scales in one
+fixed order (`qgemm.c` gives the worked-out order and the integer bounds). So every output is the same
+sequence of float operations whatever n is: a forward over n positions is bit-identical to n
+single-position forwards, and the instruction set (AVX512-VNNI `vpdpbusd`, AVX2 `vpmaddubsw` + `vpmaddwd`, or the torch code below) does
 not change a single bit either.
 
 Worked example, Qwen2.5-Coder-1.5B from its Q4_K_M file: the 1.31 G layer weights are Q4_K (q4k, 0.594
@@ -214,30 +216,47 @@ def from_fp32(w: torch.Tensor, fmt: str) -> QWeight:
 
 # --- the matmul ------------------------------------------------------------------------------------
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Activations [n, in] -> (qx int32 [n, blocks, 32], dx [n, blocks], sx int32 [n, blocks]), as qgemm.c."""
-    b = _blocks(x)
+def quantize_rows(x: torch.Tensor, span: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Activations [n, in] -> (qx int32 [n, blocks, 32], dx [n, in / span], sums int32 [n, blocks, 2]), as qgemm.c:
+    one scale dx = amax / 127 per `span` inputs of a row (BLOCK for q8 and q4, SUPER for q4k and q6k), qx =
+    round(x / dx) (ties to even), and the sums of qx over each half block."""
+    b = _blocks(x).reshape(x.shape[0], -1, span)
     amax = b.abs().amax(-1)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-    qx = torch.round(b * inv[..., None]).clamp(-127, 127).to(torch.int32)
-    return qx, amax / 127.0, qx.sum(-1, dtype=torch.int32)
+    qx = torch.round(b * inv[..., None]).clamp(-127, 127).to(torch.int32).reshape(x.shape[0], -1, BLOCK)
+    return qx, amax / 127.0, qx.reshape(*qx.shape[:2], 2, 16).sum(-1, dtype=torch.int32)
 
 
 def reference(x: torch.Tensor, qw: QWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The torch path: x [n, in] fp32 -> y [n, out], the same float operations in the same order as qgemm.c."""
-    qx, dx, sx = quantize_rows(x)
-    acc = torch.zeros(x.shape[0], qw.out_features)
-    if qw.fmt == "q6k":
-        q, d, sc = unpack(qw)
-        q, sc = (q - 32).float(), sc.float()
-        for b in range(q.shape[1]):
-            # exact in fp32: halves of 16 products of at most 32 * 127, times |sc| <= 128, summed: < 2^24
-            half = [qx[:, b, h:h + 16].float() @ q[:, b, h:h + 16].t() for h in (0, 16)]
-            isum = sc[:, 2 * b] * half[0] + sc[:, 2 * b + 1] * half[1]
-            acc = acc + (d[:, b * BLOCK // SUPER] * dx[:, b, None]) * isum
+    """The torch path: x [n, in] fp32 -> y [n, out], the same float operations in the same order as qgemm.c.
+    Every integer below is exact: fp32 matmuls whose products and partial sums stay below 2^24, then int32."""
+    n = x.shape[0]
+    acc = torch.zeros(n, qw.out_features)
+    if qw.fmt in ("q4k", "q6k"):
+        qx, dx, sums = quantize_rows(x, SUPER)
+        if qw.fmt == "q4k":  # blocks of 32: sc for the products, mn for the sums of qx
+            q, d, sc, dmin, mn = unpack(qw)
+            sums, coef = sums.sum(-1, dtype=torch.int32), mn
+        else:  # sub-blocks of 16: sc for both (q - 32)
+            q, d, sc = unpack(qw)
+            q, qx, sums, coef = q.reshape(q.shape[0], -1, 16), qx.reshape(n, -1, 16), sums.reshape(n, -1), sc
+        per, sc = q.shape[1] // d.shape[1], sc.to(torch.int32)  # (sub-)blocks per super-block
+        for s in range(d.shape[1]):
+            j = slice(s * per, (s + 1) * per)
+            isup = torch.zeros(n, qw.out_features, dtype=torch.int32)
+            for b in range(j.start, j.stop):
+                isup += sc[:, b] * (qx[:, b].float() @ q[:, b].float().t()).to(torch.int32)
+            isum = (sums[:, j].float() @ coef[:, j].float().t()).to(torch.int32)
+            dxs = d[:, s] * dx[:, s, None]
+            if qw.fmt == "q4k":
+                acc = acc + dxs * isup.float()
+                acc = acc - (dmin[:, s] * dx[:, s, None]) * isum.float()
+            else:
+                acc = acc + dxs * (isup - 32 * isum).float()
     else:
-        q, s, m = _as_q4(qw)
-        dxs = dx * sx.float()
+        qx, dx, sums = quantize_rows(x)
+        q, s, m = unpack(qw)
+        dxs = dx * sums.sum(-1, dtype=torch.int32).float()
         for b in range(q.shape[1]):
             isum = qx[:, b].float() @ q[:, b].float().t()  # exact: 32 products of at most 127 * 127 < 2^24
             acc = acc + (s[:, b] * dx[:, b, None]) * isum
