@@ -19,8 +19,8 @@ row. It takes exact integer dot products, per block (q8, q4) or summed over the 
 integer sub-block scales (q4k, q6k: one float step per 256 inputs), and applies the float scales in one
 fixed order (`qgemm.c` gives the worked-out order and the integer bounds). So every output is the same
 sequence of float operations whatever n is: a forward over n positions is bit-identical to n
-single-position forwards, and the instruction set (AVX512-VNNI `vpdpbusd`, AVX2 `vpmaddubsw` + `vpmaddwd`, or the torch code below) does
-not change a single bit either.
+single-position forwards, and the instruction set (AVX512-VNNI `vpdpbusd`, AVX2 `vpmaddubsw` +
+`vpmaddwd`, or the torch code below) does not change a single bit either.
 
 Worked example, Qwen2.5-Coder-1.5B from its Q4_K_M file: the 1.31 G layer weights are Q4_K (q4k, 0.594
 bytes) except half the down and v projections (Q6_K: q6k, 0.828 bytes), and the LM head is Q6_K (233 M
