@@ -338,3 +338,29 @@ def test_never_over_budget_property():
         refused = [a for a in asks if a.priority == "interactive" and asked[a.name] and not got[a.name]]
         batch_spent = sum(theory.speculation_cost(got[a.name]) for a in asks if a.priority == "batch" and got[a.name])
         assert all(theory.speculation_cost(asked[a.name]) > budget - spent + batch_spent for a in refused)
+
+
+def test_exact_models_cut_prompts_anywhere_with_the_same_output(model, tmp_path, monkeypatch):  # noqa: F811
+    """On an exact model a prompt's pieces are cut to fit `prefill_chunk` (a long prompt never stalls the
+    decoding requests for more than that many positions), and every request still equals its decode()."""
+    from specdec.serving import engine as engine_module
+    from tests.tiny import save_tiny_tokenizer
+
+    save_tiny_tokenizer(tmp_path)
+    tok = Tokenizer(tmp_path)
+    ids = [tok.encode(p, chat=False) for p in PROMPTS]
+    refs = [reference(model, tok, i, 20, PromptLookup(), AdaptiveK()) for i in ids]
+    prefilled = []  # prompt positions per step
+    real = engine_module.packed_forward
+
+    def spy(m, segments):
+        prefilled.append(sum(len(s) for s in segments if not s.logits))
+        return real(m, segments)
+    monkeypatch.setattr(engine_module, "packed_forward", spy)
+    engine = Engine(model, tok, budget=6, speculation="always", max_batch=3, prefill_chunk=5)
+    assert engine.cut_anywhere
+    jobs = [Job(i, Request(max_new_tokens=20), method="prompt-lookup") for i in ids]
+    events = run_engine(engine, jobs)
+    for job, ref in zip(jobs, refs):
+        assert [t for e in events[job.id] for t in e.tokens] == ref.token_ids
+    assert max(prefilled) == 5 and sum(prefilled) == sum(len(i) - 1 for i in ids)

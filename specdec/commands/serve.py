@@ -33,9 +33,10 @@ def register(sub) -> None:
                         "while the step's predicted tokens per second rise; N = the lesson's budget line: "
                         "B + the speculating requests' k + 1 stay within N positions")
     p.add_argument("--prefill-chunk", type=int, default=128, metavar="N",
-                   help="prompt tokens prefilled per step beside decoding, all new requests together, in whole pieces "
-                        "cut at multiples of 256 positions as single-request decoding cuts them (at least one "
-                        "piece per step; default 128)")
+                   help="prompt tokens prefilled per step beside decoding, all new requests together (default "
+                        "128). Exact models (q8, q4, bf16 on the kernel) cut a prompt anywhere, with the same bits; "
+                        "others in whole pieces cut at multiples of 256 positions as single-request decoding cuts "
+                        "them, at least one piece per step")
     p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECDEC_API_KEY, else none)")
     p.set_defaults(func=run)

@@ -3,8 +3,11 @@
 Every step, for all running requests at once:
 
     admit waiting jobs into free slots, interactive first (a slot: its own KV cache, drafter, adaptive k, stopper)
-    prefill: the next piece of each new prompt, cut as decode() cuts it (`prefill_spans`, so its KV is the
-             same bits), whole pieces while they fit in `prefill_chunk` tokens per step, at least one
+    prefill: the next piece of each new prompt, at most `prefill_chunk` tokens per step in all. An exact model
+             (`row_exact`, with the exact-attention kernel) gives every position the same bits however a
+             prompt is cut, so its pieces are cut to fit: a new prompt never stalls the decoding requests
+             for more than `prefill_chunk` positions. Otherwise pieces are cut as decode() cuts them
+             (`prefill_spans`, so the KV cache holds the same bits), whole while they fit, at least one
     grant:   each decoding request's k from the scheduler (its own alpha and tau, B, priority, and the
              budget line or the measured cost curve)
     draft:   each decoding request proposes up to its k tokens
@@ -38,6 +41,7 @@ from specdec.decode import Request, Stopper, check_context, target_probs
 from specdec.draft import Draft
 from specdec.drafters.base import Context
 from specdec.errors import SpecdecError
+from specdec.runtime.kernels import attention
 from specdec.runtime.model import Transformer, prefill_spans
 from specdec.sampling import make_generator
 from specdec.serving import scheduler
@@ -115,6 +119,7 @@ class Engine:
         self.budget, self.cost = budget, cost or CostCurve()
         self.line = budget if budget is not None else scheduler.line_of(self.cost)  # for "steps past the budget"
         self.speculation, self.max_batch, self.prefill_chunk = speculation, max_batch, prefill_chunk
+        self.cut_anywhere = model.row_exact and attention.available()  # prompts cut anywhere, same bits
         self.metrics = metrics or Metrics()
         self.waiting: deque[Job] = deque()
         self.running: list[Slot] = []
@@ -201,10 +206,12 @@ class Engine:
         t0 = time.perf_counter()
         decoding = [s for s in self.running if s.decoding]
         segments, prefills, left = [], [], self.prefill_chunk
-        for slot in self.running:  # prefill pieces, oldest request first: whole `prefill_spans` pieces (as
-            if not slot.decoding and left > 0:  # decode() feeds them), while they fit, at least one per step
+        for slot in self.running:  # prefill pieces, oldest request first (see the module docstring)
+            if not slot.decoding and left > 0:
                 end = prefill_spans(slot.prefilled, len(slot.job.prompt_ids) - 1)[0][1]
-                if end - slot.prefilled > left and segments:
+                if self.cut_anywhere:
+                    end = min(end, slot.prefilled + left)
+                elif end - slot.prefilled > left and segments:
                     break
                 segments.append(Segment(slot.cache, slot.job.prompt_ids[slot.prefilled:end], logits=False))
                 prefills.append((slot, end))
