@@ -189,6 +189,31 @@ T512 static inline float hsum16(__m512 v) {
     return hsum(_mm256_add_ps(lo, hi));
 }
 
+/* hsum16 of 8 vectors at once, bit-identical to 8 hsum16 calls (the same pairs added in the same tree,
+ * with the shuffles spread across the vectors instead of within one): lane i of the result is hsum16(v[i]).
+ * About 2 instructions a sum instead of 8, and fewer dependent steps: at in = 576 the 24 reductions of a
+ * tile were as many instructions as its vdpbf16ps. */
+T512 static inline __attribute__((always_inline)) __m256 hsum16x8(const __m512 v[8]) {
+    /* result lane L comes from the tree's slot [0, 4, 1, 5, 2, 6, 3, 7][L] (see step 4): v[L] goes there */
+    static const int slot[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+    __m512 u[8], h[4], q[2];
+    for (int i = 0; i < 8; i++) u[slot[i]] = v[i];
+    /* step 1, per vector j + j+8: [u0 (8 lanes) | u1 (8 lanes)] from the 256-bit halves of u0 and u1 */
+    for (int i = 0; i < 4; i++)
+        h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xEE));
+    /* step 2, j + j+4: 128-bit lane k of q[i] holds vector 4i + k's four partial sums */
+    for (int i = 0; i < 2; i++)
+        q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0xDD));
+    /* step 3, j + j+2: lane k holds [vk: t0+t2, t1+t3, v(k+4): t0+t2, t1+t3] */
+    __m512 t = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(q[0]), _mm512_castps_pd(q[1]))),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(q[0]), _mm512_castps_pd(q[1]))));
+    /* step 4, j + j+1 in the even lanes, which the 64 -> 32 narrowing keeps: [u0, u4, u1, u5, u2, u6, u3, u7] */
+    t = _mm512_add_ps(t, _mm512_movehdup_ps(t));
+    return _mm256_castsi256_ps(_mm512_cvtepi64_epi32(_mm512_castps_si512(t)));
+}
+
 T512 static inline __attribute__((always_inline)) void tile512(const uint16_t *restrict W,
                                                                const uint16_t *restrict x, float *restrict y,
                                                                const float *restrict bias, int64_t in,
@@ -216,9 +241,25 @@ T512 static inline __attribute__((always_inline)) void tile512(const uint16_t *r
             for (int r = 0; r < R; r++) acc[a][r] = _mm512_dpbf16_ps(acc[a][r], w, xv[r]);
         }
     }
-    for (int a = 0; a < O; a++)
+    if (O == 1) {
         for (int r = 0; r < R; r++) {
-            float s = hsum16(acc[a][r]);
+            float s = hsum16(acc[0][r]);
+            if (bias) s = s + bias[0];
+            y[r * ldy] = s;
+        }
+        return;
+    }
+    /* the O x R sums, 8 at a time (a last partial group padded with zeros), row-major in sums[] */
+    float sums[24 + 8];
+    const __m512 zero = _mm512_setzero_ps();
+    for (int g = 0; g < O * R; g += 8) {
+        __m512 v[8];
+        for (int j = 0; j < 8; j++) v[j] = g + j < O * R ? acc[(g + j) % O][(g + j) / O] : zero;
+        _mm256_storeu_ps(sums + g, hsum16x8(v));
+    }
+    for (int r = 0; r < R; r++)
+        for (int a = 0; a < O; a++) {
+            float s = sums[r * O + a];
             if (bias) s = s + bias[a];
             y[r * ldy + a] = s;
         }
