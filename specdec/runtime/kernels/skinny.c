@@ -183,12 +183,6 @@ static void permute_x(const float *x, float *xp, int64_t n, int64_t in) {
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define ROWS512 4
 #define CHUNK512 16
-#ifndef PF_DIST
-#define PF_DIST 1
-#endif
-#ifndef PF_HINT
-#define PF_HINT _MM_HINT_T0
-#endif
 
 T512 static inline float hsum16(__m512 v) {
     __m256 lo = _mm512_castps512_ps256(v), hi = _mm512_extractf32x8_ps(v, 1);
@@ -224,17 +218,16 @@ T512 static inline __attribute__((always_inline)) void tile512(const uint16_t *r
                                                                const uint16_t *restrict x, float *restrict y,
                                                                const float *restrict bias, int64_t in,
                                                                int64_t ldy, const int O, const int R,
-                                                               const char *pf, int64_t npf) {
+                                                               const uint16_t *pf, int npf) {
     __m512 acc[24][ROWS512];
-    const int64_t steps = in >= 32 ? in >> 5 : 1, per = (npf + steps - 1) / steps; /* lines per 32 inputs */
     for (int a = 0; a < O; a++)
         for (int r = 0; r < R; r++) acc[a][r] = _mm512_setzero_ps();
     const int64_t k32 = in & ~(int64_t)31;
     for (int64_t k = 0; k < k32; k += 32) {
         __m512bh xv[ROWS512];
         for (int r = 0; r < R; r++) xv[r] = (__m512bh)_mm512_loadu_si512((const void *)(x + r * in + k));
-        for (int64_t j = 0; j < per && npf > 0; j++, npf--, pf += 64) _mm_prefetch(pf, PF_HINT);
         for (int a = 0; a < O; a++) {
+            if (a < npf) _mm_prefetch((const char *)(pf + a * in + k), _MM_HINT_T0);
             __m512bh w = (__m512bh)_mm512_loadu_si512((const void *)(W + a * in + k));
             for (int r = 0; r < R; r++) acc[a][r] = _mm512_dpbf16_ps(acc[a][r], w, xv[r]);
         }
@@ -273,7 +266,7 @@ T512 static inline __attribute__((always_inline)) void tile512(const uint16_t *r
 }
 
 /* One tile call with O and R as compile-time constants (every shape the driver below uses). */
-T512 static void tile512_call(int O, int R, const char *pf, int64_t npf, const uint16_t *W, const uint16_t *x,
+T512 static void tile512_call(int O, int R, const uint16_t *pf, int npf, const uint16_t *W, const uint16_t *x,
                               float *y, const float *bias, int64_t in, int64_t ldy) {
 #define T(o, r)                                                                                        \
     if (O == o && R == r) {                                                                           \
@@ -299,14 +292,14 @@ T512 static void run_block512(const uint16_t *W, const uint16_t *x, float *y, co
                 const uint16_t *xr = x + i * in;
                 float *yr = y + i * out;
                 if (full) {
-                    /* for n > 1, the passes over this tile prefetch their share of the tile PF_DIST ahead */
-                    const char *pf = 0;
-                    int64_t npf = 0;
-                    if (m > 1 && o + (PF_DIST + 1) * O <= out) {
-                        int64_t lines = (O * in * 2 + 63) / 64, passes = (m + ROWS512 - 1) / ROWS512;
-                        int64_t p = (i - i0) / ROWS512, l0 = lines * p / passes;
-                        pf = (const char *)(W + (o + PF_DIST * O) * in) + 64 * l0;
-                        npf = lines * (p + 1) / passes - l0;
+                    /* for n > 1, each pass over this tile prefetches its share of the next tile's rows */
+                    const uint16_t *pf = 0;
+                    int npf = 0;
+                    if (m > 1 && o + 2 * O <= out) {
+                        int passes = (int)(m + ROWS512 - 1) / ROWS512, p = (int)(i - i0) / ROWS512;
+                        int r0 = O * p / passes;
+                        pf = W + (o + O + r0) * in;
+                        npf = O * (p + 1) / passes - r0;
                     }
                     tile512_call(O, R, pf, npf, W + o * in, xr, yr + o, bias ? bias + o : 0, in, out);
                 } else {
