@@ -270,7 +270,9 @@ T512 static void tile512_call(int O, int R, const uint16_t *pf, int npf, const u
                               float *y, const float *bias, int64_t in, int64_t ldy) {
 #define T(o, r)                                                                                        \
     if (O == o && R == r) {                                                                           \
-        tile512(W, x, y, bias, in, ldy, o, r, pf, npf);                                               \
+        if (npf == o) tile512(W, x, y, bias, in, ldy, o, r, pf, o); /* (constant: no test per row) */ \
+        else if (npf) tile512(W, x, y, bias, in, ldy, o, r, pf, npf);                                 \
+        else tile512(W, x, y, bias, in, ldy, o, r, 0, 0); /* no prefetching compiled in */            \
         return;                                                                                       \
     }
     T(12, 1) T(12, 2) T(8, 3) T(6, 4) T(6, 3) T(6, 2) T(6, 1) T(1, 1) T(1, 2) T(1, 3) T(1, 4)
