@@ -171,18 +171,29 @@ static void permute_x(const float *x, float *xp, int64_t n, int64_t in) {
  * inputs, and `vdpbf16ps` adds lane j's two products (inputs 2j, 2j + 1) to lane j of an fp32
  * accumulator. A register tile covers O outputs x R rows (R <= ROWS512 = 4 rows per pass; O = 12, 12,
  * 8, 6 for R = 1, 2, 3, 4: up to 24 accumulators, enough to hide the instruction's latency). Each tile
- * of O weight rows is streamed from memory once per CHUNK512 rows of x: for n > 1 the first pass
- * prefetches the next tile, later passes find the tile in cache. For n = 1 the hardware prefetcher
- * alone was faster. 2-core Zen 5, 17920 x 1536, one thread, median of 18, interleaved, machine shared:
- * prefetching always / never / for n > 1 only: n = 1 1.46 / 1.35 / 1.33 ms, n = 4 1.70 / 1.99 / 1.64,
- * n = 16 3.42 / 4.03 / 3.43 (O = 24 at n = 1 took 2.45). Order per y[i, o], whatever n, row, tile or thread:
+ * of O weight rows is streamed from memory once per CHUNK512 rows of x: for n > 1 the passes over a
+ * tile (ceil(m / 4) of them for m rows) share the prefetching of the next tile, pass p of P taking
+ * rows [O p / P, O (p + 1) / P) of it, each row a line per 32 inputs in step with the loads; later
+ * passes find the tile in cache. For n = 1 the hardware prefetcher alone was faster. 2-core Zen 5,
+ * 17920 x 1536, one thread, median of 18, interleaved, machine shared: prefetching always / never /
+ * for n > 1 only: n = 1 1.46 / 1.35 / 1.33 ms, n = 4 1.70 / 1.99 / 1.64, n = 16 3.42 / 4.03 / 3.43
+ * (O = 24 at n = 1 took 2.45). Prefetching the whole next tile in the first pass, as before, left the
+ * later passes computing without any load in flight; sharing it out cut a forward's matmul time at
+ * n = 16 by 18% (SmolLM2-135M) and 14% (Qwen2.5-Coder-1.5B), n = 8 by 15% / 2%, n = 64 by 16% / 6%
+ * (benchmarks/kernel/kernel_ab.py, 2 threads, medians of interleaved sweeps, shared machine). Sharing
+ * out lines in address order instead (a row at a time) was slower on the 1.5B than before; into L2
+ * (_MM_HINT_T1) or two tiles ahead, no better; blocks of 512 inputs with the sums kept between them,
+ * 30% slower. A tile's sums are reduced 8 at a time (hsum16x8, the same tree as hsum16, so the same
+ * bits: at in = 576 the 24 one-at-a-time reductions were about as many instructions as the tile's
+ * vdpbf16ps). Order per y[i, o], whatever n, row, tile or thread:
  *   acc (16 lanes) = 0;
  *   for each block of 32 inputs k .. k+31, in order (the last one zero-padded by masked loads):
  *     acc = vdpbf16ps(acc, w[k .. k+31], bf16(x[k .. k+31]));
- *   s = hsum16(acc) in a fixed tree; y = s + bias (when there is a bias).                          */
+ *   s = hsum16(acc) in a fixed tree (lanes j + j+8, then + j+4, + j+2, + j+1); y = s + bias (if any). */
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define ROWS512 4
 #define CHUNK512 16
+#define PF_MAX_TILE (32 << 10) /* bytes: software prefetching for tiles up to this size */
 
 T512 static inline float hsum16(__m512 v) {
     __m256 lo = _mm512_castps512_ps256(v), hi = _mm512_extractf32x8_ps(v, 1);
@@ -294,10 +305,11 @@ T512 static void run_block512(const uint16_t *W, const uint16_t *x, float *y, co
                 const uint16_t *xr = x + i * in;
                 float *yr = y + i * out;
                 if (full) {
-                    /* for n > 1, each pass over this tile prefetches its share of the next tile's rows */
+                    /* for n > 1, each pass over this tile prefetches its share of the next tile's rows
+                     * (not for a tile larger than L1: the hardware prefetcher alone was faster there) */
                     const uint16_t *pf = 0;
                     int npf = 0;
-                    if (m > 1 && o + 2 * O <= out) {
+                    if (m > 1 && o + 2 * O <= out && O * in * 2 <= PF_MAX_TILE) {
                         int passes = (int)(m + ROWS512 - 1) / ROWS512, p = (int)(i - i0) / ROWS512;
                         int r0 = O * p / passes;
                         pf = W + (o + O + r0) * in;
