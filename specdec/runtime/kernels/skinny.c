@@ -178,9 +178,11 @@ static void permute_x(const float *x, float *xp, int64_t n, int64_t in) {
  * 17920 x 1536, one thread, median of 18, interleaved, machine shared: prefetching always / never /
  * for n > 1 only: n = 1 1.46 / 1.35 / 1.33 ms, n = 4 1.70 / 1.99 / 1.64, n = 16 3.42 / 4.03 / 3.43
  * (O = 24 at n = 1 took 2.45). Prefetching the whole next tile in the first pass, as before, left the
- * later passes computing without any load in flight; sharing it out cut a forward's matmul time at
- * n = 16 by 18% (SmolLM2-135M) and 14% (Qwen2.5-Coder-1.5B), n = 8 by 15% / 2%, n = 64 by 16% / 6%
- * (benchmarks/kernel/kernel_ab.py, 2 threads, medians of interleaved sweeps, shared machine). Sharing
+ * later passes computing without any load in flight; sharing it out (with the two changes below) cut a
+ * forward's matmul time at n = 16 by 18% (SmolLM2-135M) and 9% (Qwen2.5-Coder-1.5B), n = 8 by 14% / 3%,
+ * n = 64 by 10% / 6%, n = 1 unchanged or a few % faster (benchmarks/kernel/kernel_ab.py, 2 threads,
+ * medians of interleaved sweeps, shared machine; BENCHMARKS.md). No software prefetching for a tile
+ * larger than PF_MAX_TILE (the 1.5B's down projection, 6 x 8960 inputs): 6-9% faster there. Sharing
  * out lines in address order instead (a row at a time) was slower on the 1.5B than before; into L2
  * (_MM_HINT_T1) or two tiles ahead, no better; blocks of 512 inputs with the sums kept between them,
  * 30% slower. A tile's sums are reduced 8 at a time (hsum16x8, the same tree as hsum16, so the same
@@ -202,7 +204,7 @@ T512 static inline float hsum16(__m512 v) {
 
 /* hsum16 of 8 vectors at once, bit-identical to 8 hsum16 calls (the same pairs added in the same tree,
  * with the shuffles spread across the vectors instead of within one): lane i of the result is hsum16(v[i]).
- * About 2 instructions a sum instead of 8, and fewer dependent steps: at in = 576 the 24 reductions of a
+ * About 3 instructions a sum instead of 9, and fewer dependent steps: at in = 576 the 24 reductions of a
  * tile were as many instructions as its vdpbf16ps. */
 T512 static inline __attribute__((always_inline)) __m256 hsum16x8(const __m512 v[8]) {
     /* result lane L comes from the tree's slot [0, 4, 1, 5, 2, 6, 3, 7][L] (see step 4): v[L] goes there */
