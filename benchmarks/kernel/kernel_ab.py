@@ -1,13 +1,16 @@
-"""A/B two versions of the bf16 skinny-GEMM kernel (specdec/runtime/kernels/skinny.c) side by side.
+"""A/B two versions of the bf16 skinny-GEMM kernel (specdec/runtime/kernels/skinny.c) on a model's shapes.
 
-Both sources are compiled with the package's flags and loaded with ctypes; for every weight shape of
-Qwen2.5-Coder-1.5B and every n, the two run interleaved (A, B, A, B, ...) after one warm-up each, so
-machine drift hits both alike; the table gives medians in ms, B/A, and the model's matmul total
-(28 layers + LM head). Run from the repository root:
+Both sources are compiled with the package's flags and loaded with ctypes. Random bf16 weights of the
+model's shapes are laid out as in a forward (per layer qkv, o, gate_up, down, then the LM head; --layers
+copies, so the weights stream from memory as they do in a real forward rather than from cache). For every
+n, one sweep calls the kernel on every matrix in forward order, timing each call; A and B alternate sweeps
+(A, B, A, B, ...) after one warm-up each, so drift in the machine's bandwidth hits both alike. The table
+gives per shape the median over sweeps of its summed time (all layers) in ms, A/B and B/A, then the
+model's matmul total. Run from the repository root, under the shared lock:
 
-    git show eb06efc:specdec/runtime/kernels/skinny.c > /tmp/skinny_old.c
-    .venv/bin/python benchmarks/kernel/kernel_ab.py /tmp/skinny_old.c specdec/runtime/kernels/skinny.c \
-        --n 1,2,3,4,5,8,16,64 --reps 11
+    git show main:specdec/runtime/kernels/skinny.c > /tmp/skinny_main.c
+    flock /work/notes/cpu.lock .venv/bin/python benchmarks/kernel/kernel_ab.py /tmp/skinny_main.c \\
+        specdec/runtime/kernels/skinny.c --model smollm2-135m --n 1,4,8,16,64
 """
 
 import argparse
@@ -20,18 +23,22 @@ from pathlib import Path
 
 import torch
 
-from specdec.runtime.kernels import CFLAGS
+from specdec.runtime.kernels import CFLAGS, PATHS, _declare
 
-SHAPES = {"qkv": (2048, 1536), "o": (1536, 1536), "gate_up": (17920, 1536), "down": (1536, 8960),
-          "lm": (151936, 1536)}  # (out, in); each layer's four, 28 layers, then the LM head once
-LAYERS = 28
+# (layers, {name: (out, in)}) per model; the LM head is one matrix after the layers
+MODELS = {
+    "smollm2-135m": (30, {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
+                          "lm": (49152, 576)}),
+    "qwen2.5-coder-1.5b": (28, {"qkv": (2048, 1536), "o": (1536, 1536), "gate_up": (17920, 1536),
+                                "down": (1536, 8960), "lm": (151936, 1536)}),
+}
 
 
 def load(src: str, folder: Path):
     so = folder / (Path(src).stem + f"-{len(list(folder.iterdir()))}.so")
     subprocess.run(["gcc", *CFLAGS, src, "-o", str(so)], check=True)
     lib = ctypes.CDLL(str(so))
-    lib.skinny_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    _declare(lib)
     return lib
 
 
@@ -39,37 +46,56 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("a", help="kernel source A (the baseline)")
     ap.add_argument("b", help="kernel source B")
-    ap.add_argument("--n", default="1,2,3,4,8,16,64", help="positions per call, comma-separated")
+    ap.add_argument("--model", default="smollm2-135m", choices=list(MODELS))
+    ap.add_argument("--layers", type=int, help="layer copies (default: the model's)")
+    ap.add_argument("--n", default="1,4,8,16,64", help="positions per call, comma-separated")
     ap.add_argument("--reps", type=int, default=11)
+    ap.add_argument("--path", default="avx512bf16", choices=[p for p in PATHS if p != "torch"])
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = ap.parse_args()
     ns = [int(v) for v in args.n.split(",")]
+    layers, shapes = MODELS[args.model]
+    layers = args.layers or layers
+    torch.manual_seed(0)
+    calls = [(name, (torch.randn(out, inn) * 0.02).to(torch.bfloat16))
+             for _ in range(layers) for name, (out, inn) in shapes.items() if name != "lm"]
+    calls.append(("lm", (torch.randn(*shapes["lm"]) * 0.02).to(torch.bfloat16)))
+    isa = PATHS[args.path][0]
     with tempfile.TemporaryDirectory() as tmp:
         libs = [load(args.a, Path(tmp)), load(args.b, Path(tmp))]
-        torch.manual_seed(0)
-        total = [{n: 0.0 for n in ns} for _ in libs]
-        print(f"{'shape':8s} " + " ".join(f"{'n=' + str(n) + ' A/B ms (B/A)':>24s}" for n in ns))
-        for name, (out, inn) in SHAPES.items():
-            w = (torch.randn(out, inn) * 0.02).to(torch.bfloat16)
-            cells = []
-            for n in ns:
-                x = torch.randn(n, inn)
-                ys = [torch.empty(n, out) for _ in libs]
-                times = [[] for _ in libs]
-                for rep in range(args.reps + 1):
-                    for i, lib in enumerate(libs):
+        print(f"{args.model}, {layers} layers, {args.path}, {args.threads} threads; per shape: summed ms over "
+              f"a forward, median of {args.reps} sweeps, A/B (B/A)")
+        rows = {name: [] for name in shapes}
+        totals = [[], []]
+        for n in ns:
+            xs = {inn: torch.randn(n, inn) for _, (_, inn) in shapes.items()}
+            ys = {out: torch.empty(n, out) for _, (out, _) in shapes.items()}
+            times = [{name: [] for name in shapes} for _ in libs]
+            for rep in range(args.reps + 1):
+                for i, lib in enumerate(libs):
+                    spent = dict.fromkeys(shapes, 0.0)
+                    for name, w in calls:
+                        out, inn = w.shape
                         t = time.perf_counter()
-                        lib.skinny_bf16(x.data_ptr(), w.data_ptr(), None, ys[i].data_ptr(), n, inn, out, args.threads)
-                        if rep:
-                            times[i].append(time.perf_counter() - t)
-                med = [statistics.median(t) for t in times]
-                for i in range(len(libs)):
-                    total[i][n] += med[i] * (1 if name == "lm" else LAYERS)
-                cells.append(f"{med[0] * 1e3:.2f}/{med[1] * 1e3:.2f} ({med[1] / med[0]:.2f})")
-            print(f"{name:8s} " + " ".join(f"{c:>24s}" for c in cells), flush=True)
-        print(f"{'model':8s} " + " ".join(f"{f'{total[0][n] * 1e3:.0f}/{total[1][n] * 1e3:.0f} ({total[1][n] / total[0][n]:.2f})':>24s}" for n in ns))
-        for label, t in zip("AB", total):
-            print(f"{label} cost vs n=1: " + " ".join(f"n={n} {t[n] / t[ns[0]]:.2f}" for n in ns))
+                        lib.skinny_bf16(isa, xs[inn].data_ptr(), w.data_ptr(), None, ys[out].data_ptr(), n, inn, out,
+                                        args.threads)
+                        spent[name] += time.perf_counter() - t
+                    if rep:
+                        for name in shapes:
+                            times[i][name].append(spent[name])
+            tot = [0.0, 0.0]
+            for name in shapes:
+                med = [statistics.median(t[name]) * 1e3 for t in times]
+                tot = [tot[0] + med[0], tot[1] + med[1]]
+                rows[name].append(f"{med[0]:.2f}/{med[1]:.2f} ({med[1] / med[0]:.2f})")
+            totals[0].append(tot[0])
+            totals[1].append(tot[1])
+        print(f"{'shape':8s} " + " ".join(f"{'n=' + str(n):>22s}" for n in ns))
+        for name, cells in rows.items():
+            print(f"{name:8s} " + " ".join(f"{c:>22s}" for c in cells))
+        print(f"{'model':8s} " + " ".join(f"{f'{a:.2f}/{b:.2f} ({b / a:.2f})':>22s}" for a, b in zip(*totals)))
+        for label, t in zip("AB", totals):
+            print(f"{label} cost vs n={ns[0]}: " + " ".join(f"n={n} {v / t[0]:.2f}" for n, v in zip(ns, t)))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ fp32 activations and a bf16 weight matrix, on one of three paths (`PATHS`, chose
 flags by `choose_path`; `matmul_path()` is this machine's, `SPECDEC_MATMUL=avx512bf16|avx2|torch` forces one):
 - "avx512bf16" (Zen 4/5, Sapphire Rapids and later): the C kernel (`skinny.c`) rounds each row of x to
   bf16 and multiplies 32 weights per instruction with `vdpbf16ps` into fp32 lanes, W as stored, in
-  12x1 .. 6x4 register tiles (outputs x rows), 16 rows per pass over W;
+  12x1 .. 6x4 register tiles (outputs x rows), 16 rows per pass over W, the 4-row passes over a tile
+  sharing out the prefetching of the next tile (BENCHMARKS.md: n = 16 costs 18% less on SmolLM2);
 - "avx2" (AVX2 + FMA + F16C: Haswell, Zen 1-3): the kernel widens sixteen bf16 weights at a time to
   fp32 in registers (a bf16 is the top half of an fp32: the even ones shifted left 16, the odd ones
   masked, x reordered to match once per call) and accumulates with fp32 FMAs in 3x3, 4x2 and 8x1

@@ -171,29 +171,67 @@ static void permute_x(const float *x, float *xp, int64_t n, int64_t in) {
  * inputs, and `vdpbf16ps` adds lane j's two products (inputs 2j, 2j + 1) to lane j of an fp32
  * accumulator. A register tile covers O outputs x R rows (R <= ROWS512 = 4 rows per pass; O = 12, 12,
  * 8, 6 for R = 1, 2, 3, 4: up to 24 accumulators, enough to hide the instruction's latency). Each tile
- * of O weight rows is streamed from memory once per CHUNK512 rows of x: for n > 1 the first pass
- * prefetches the next tile, later passes find the tile in cache. For n = 1 the hardware prefetcher
- * alone was faster. 2-core Zen 5, 17920 x 1536, one thread, median of 18, interleaved, machine shared:
- * prefetching always / never / for n > 1 only: n = 1 1.46 / 1.35 / 1.33 ms, n = 4 1.70 / 1.99 / 1.64,
- * n = 16 3.42 / 4.03 / 3.43 (O = 24 at n = 1 took 2.45). Order per y[i, o], whatever n, row, tile or thread:
+ * of O weight rows is streamed from memory once per CHUNK512 rows of x: for n > 1 the passes over a
+ * tile (ceil(m / 4) of them for m rows) share the prefetching of the next tile, pass p of P taking
+ * rows [O p / P, O (p + 1) / P) of it, each row a line per 32 inputs in step with the loads; later
+ * passes find the tile in cache. For n = 1 the hardware prefetcher alone was faster. 2-core Zen 5,
+ * 17920 x 1536, one thread, median of 18, interleaved, machine shared: prefetching always / never /
+ * for n > 1 only: n = 1 1.46 / 1.35 / 1.33 ms, n = 4 1.70 / 1.99 / 1.64, n = 16 3.42 / 4.03 / 3.43
+ * (O = 24 at n = 1 took 2.45). Prefetching the whole next tile in the first pass, as before, left the
+ * later passes computing without any load in flight; sharing it out (with the two changes below) cut a
+ * forward's matmul time at n = 16 by 18% (SmolLM2-135M) and 9% (Qwen2.5-Coder-1.5B), n = 8 by 14% / 3%,
+ * n = 64 by 10% / 6%, n = 1 unchanged or a few % faster (benchmarks/kernel/kernel_ab.py, 2 threads,
+ * medians of interleaved sweeps, shared machine; BENCHMARKS.md). No software prefetching for a tile
+ * larger than PF_MAX_TILE (the 1.5B's down projection, 6 x 8960 inputs): 6-9% faster there. Sharing
+ * out lines in address order instead (a row at a time) was slower on the 1.5B than before; into L2
+ * (_MM_HINT_T1) or two tiles ahead, no better; blocks of 512 inputs with the sums kept between them,
+ * 30% slower. A tile's sums are reduced 8 at a time (hsum16x8, the same tree as hsum16, so the same
+ * bits: at in = 576 the 24 one-at-a-time reductions were about as many instructions as the tile's
+ * vdpbf16ps). Order per y[i, o], whatever n, row, tile or thread:
  *   acc (16 lanes) = 0;
  *   for each block of 32 inputs k .. k+31, in order (the last one zero-padded by masked loads):
  *     acc = vdpbf16ps(acc, w[k .. k+31], bf16(x[k .. k+31]));
- *   s = hsum16(acc) in a fixed tree; y = s + bias (when there is a bias).                          */
+ *   s = hsum16(acc) in a fixed tree (lanes j + j+8, then + j+4, + j+2, + j+1); y = s + bias (if any). */
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define ROWS512 4
 #define CHUNK512 16
+#define PF_MAX_TILE (32 << 10) /* bytes: software prefetching for tiles up to this size */
 
 T512 static inline float hsum16(__m512 v) {
     __m256 lo = _mm512_castps512_ps256(v), hi = _mm512_extractf32x8_ps(v, 1);
     return hsum(_mm256_add_ps(lo, hi));
 }
 
+/* hsum16 of 8 vectors at once, bit-identical to 8 hsum16 calls (the same pairs added in the same tree,
+ * with the shuffles spread across the vectors instead of within one): lane i of the result is hsum16(v[i]).
+ * About 3 instructions a sum instead of 9, and fewer dependent steps: at in = 576 the 24 reductions of a
+ * tile were as many instructions as its vdpbf16ps. */
+T512 static inline __attribute__((always_inline)) __m256 hsum16x8(const __m512 v[8]) {
+    /* result lane L comes from the tree's slot [0, 4, 1, 5, 2, 6, 3, 7][L] (see step 4): v[L] goes there */
+    static const int slot[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+    __m512 u[8], h[4], q[2];
+    for (int i = 0; i < 8; i++) u[slot[i]] = v[i];
+    /* step 1, per vector j + j+8: [u0 (8 lanes) | u1 (8 lanes)] from the 256-bit halves of u0 and u1 */
+    for (int i = 0; i < 4; i++)
+        h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xEE));
+    /* step 2, j + j+4: 128-bit lane k of q[i] holds vector 4i + k's four partial sums */
+    for (int i = 0; i < 2; i++)
+        q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0xDD));
+    /* step 3, j + j+2: lane k holds [vk: t0+t2, t1+t3, v(k+4): t0+t2, t1+t3] */
+    __m512 t = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(q[0]), _mm512_castps_pd(q[1]))),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(q[0]), _mm512_castps_pd(q[1]))));
+    /* step 4, j + j+1 in the even lanes, which the 64 -> 32 narrowing keeps: [u0, u4, u1, u5, u2, u6, u3, u7] */
+    t = _mm512_add_ps(t, _mm512_movehdup_ps(t));
+    return _mm256_castsi256_ps(_mm512_cvtepi64_epi32(_mm512_castps_si512(t)));
+}
+
 T512 static inline __attribute__((always_inline)) void tile512(const uint16_t *restrict W,
                                                                const uint16_t *restrict x, float *restrict y,
                                                                const float *restrict bias, int64_t in,
                                                                int64_t ldy, const int O, const int R,
-                                                               const int pf) {
+                                                               const uint16_t *pf, int npf) {
     __m512 acc[24][ROWS512];
     for (int a = 0; a < O; a++)
         for (int r = 0; r < R; r++) acc[a][r] = _mm512_setzero_ps();
@@ -202,7 +240,7 @@ T512 static inline __attribute__((always_inline)) void tile512(const uint16_t *r
         __m512bh xv[ROWS512];
         for (int r = 0; r < R; r++) xv[r] = (__m512bh)_mm512_loadu_si512((const void *)(x + r * in + k));
         for (int a = 0; a < O; a++) {
-            if (pf) _mm_prefetch((const char *)(W + (O + a) * in + k), _MM_HINT_T0);
+            if (a < npf) _mm_prefetch((const char *)(pf + a * in + k), _MM_HINT_T0);
             __m512bh w = (__m512bh)_mm512_loadu_si512((const void *)(W + a * in + k));
             for (int r = 0; r < R; r++) acc[a][r] = _mm512_dpbf16_ps(acc[a][r], w, xv[r]);
         }
@@ -216,21 +254,38 @@ T512 static inline __attribute__((always_inline)) void tile512(const uint16_t *r
             for (int r = 0; r < R; r++) acc[a][r] = _mm512_dpbf16_ps(acc[a][r], w, xv[r]);
         }
     }
-    for (int a = 0; a < O; a++)
+    if (O == 1) {
         for (int r = 0; r < R; r++) {
-            float s = hsum16(acc[a][r]);
+            float s = hsum16(acc[0][r]);
+            if (bias) s = s + bias[0];
+            y[r * ldy] = s;
+        }
+        return;
+    }
+    /* the O x R sums, 8 at a time (a last partial group padded with zeros), row-major in sums[] */
+    float sums[24 + 8];
+    const __m512 zero = _mm512_setzero_ps();
+    for (int g = 0; g < O * R; g += 8) {
+        __m512 v[8];
+        for (int j = 0; j < 8; j++) v[j] = g + j < O * R ? acc[(g + j) % O][(g + j) / O] : zero;
+        _mm256_storeu_ps(sums + g, hsum16x8(v));
+    }
+    for (int r = 0; r < R; r++)
+        for (int a = 0; a < O; a++) {
+            float s = sums[r * O + a];
             if (bias) s = s + bias[a];
             y[r * ldy + a] = s;
         }
 }
 
 /* One tile call with O and R as compile-time constants (every shape the driver below uses). */
-T512 static void tile512_call(int O, int R, int pf, const uint16_t *W, const uint16_t *x, float *y,
-                              const float *bias, int64_t in, int64_t ldy) {
+T512 static void tile512_call(int O, int R, const uint16_t *pf, int npf, const uint16_t *W, const uint16_t *x,
+                              float *y, const float *bias, int64_t in, int64_t ldy) {
 #define T(o, r)                                                                                        \
     if (O == o && R == r) {                                                                           \
-        if (pf) tile512(W, x, y, bias, in, ldy, o, r, 1);                                             \
-        else tile512(W, x, y, bias, in, ldy, o, r, 0);                                                \
+        if (npf == o) tile512(W, x, y, bias, in, ldy, o, r, pf, o); /* (constant: no test per row) */ \
+        else if (npf) tile512(W, x, y, bias, in, ldy, o, r, pf, npf);                                 \
+        else tile512(W, x, y, bias, in, ldy, o, r, 0, 0); /* no prefetching compiled in */            \
         return;                                                                                       \
     }
     T(12, 1) T(12, 2) T(8, 3) T(6, 4) T(6, 3) T(6, 2) T(6, 1) T(1, 1) T(1, 2) T(1, 3) T(1, 4)
@@ -251,12 +306,21 @@ T512 static void run_block512(const uint16_t *W, const uint16_t *x, float *y, co
                 int R = (int)(i0 + m - i < ROWS512 ? i0 + m - i : ROWS512);
                 const uint16_t *xr = x + i * in;
                 float *yr = y + i * out;
-                if (full) { /* the first pass over a tile prefetches the next one, for n > 1 */
-                    int pf = i == i0 && m > 1 && o + 2 * O <= out;
-                    tile512_call(O, R, pf, W + o * in, xr, yr + o, bias ? bias + o : 0, in, out);
+                if (full) {
+                    /* for n > 1, each pass over this tile prefetches its share of the next tile's rows
+                     * (not for a tile larger than L1: the hardware prefetcher alone was faster there) */
+                    const uint16_t *pf = 0;
+                    int npf = 0;
+                    if (m > 1 && o + 2 * O <= out && O * in * 2 <= PF_MAX_TILE) {
+                        int passes = (int)(m + ROWS512 - 1) / ROWS512, p = (int)(i - i0) / ROWS512;
+                        int r0 = O * p / passes;
+                        pf = W + (o + O + r0) * in;
+                        npf = O * (p + 1) / passes - r0;
+                    }
+                    tile512_call(O, R, pf, npf, W + o * in, xr, yr + o, bias ? bias + o : 0, in, out);
                 } else {
                     for (int64_t e = o; e < o1; e++)
-                        tile512_call(1, R, 0, W + e * in, xr, yr + e, bias ? bias + e : 0, in, out);
+                        tile512_call(1, R, 0, 0, W + e * in, xr, yr + e, bias ? bias + e : 0, in, out);
                 }
             }
         }
