@@ -9,7 +9,7 @@ gives per shape the median over sweeps of its summed time (all layers) in ms, A/
 model's matmul total. Run from the repository root, under the shared lock:
 
     git show main:specdec/runtime/kernels/skinny.c > /tmp/skinny_main.c
-    flock /work/notes/cpu.lock .venv/bin/python benchmarks/kernel/kernel_ab.py /tmp/skinny_main.c \\
+    .venv/bin/python benchmarks/kernel/kernel_ab.py /tmp/skinny_main.c \\
         specdec/runtime/kernels/skinny.c --model smollm2-135m --n 1,4,8,16,64
 """
 

@@ -8,7 +8,7 @@ after one warm-up each. The table gives per group the median sweep in ms for A a
 repository root (timings under the shared lock):
 
     git show main:specdec/runtime/kernels/qgemm.c > /tmp/qgemm_main.c
-    flock /work/notes/cpu.lock .venv/bin/python benchmarks/kernel/qgemm_parts.py /tmp/qgemm_main.c \\
+    .venv/bin/python benchmarks/kernel/qgemm_parts.py /tmp/qgemm_main.c \\
         specdec/runtime/kernels/qgemm.c --model qwen2.5-coder-1.5b --n 1,4,8,64
 """
 
