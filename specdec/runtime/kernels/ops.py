@@ -60,7 +60,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, layer: int, start: int,
                heads: int, kv_heads: int) -> torch.Tensor:
     """Rotate q in place in qkv [B, n, (heads + 2 kv_heads) D] (fp32, contiguous), write rotated k and v to the
-    cache's slots start.. of `layer`; returns q as a [B, heads, n, D] view. cos, sin: [B, n, D] contiguous."""
+    cache's slots start.. of `layer`; returns q as a [B, heads, n, D] view. cos, sin: [B, (1,) n, D] contiguous."""
     B, n, width = qkv.shape
     D = width // (heads + 2 * kv_heads)
     keys, values = cache.k[layer], cache.v[layer]
