@@ -184,6 +184,8 @@ def test_bench_end_to_end(tiny_llama, tmp_path, capsys):
     for m in methods:
         assert f"| {m} |" in captured.out
     assert "specdec bench --model" in (out / "results.md").read_text()
+    assert "memory read bandwidth" in (out / "results.md").read_text()
+    assert all(g > 0 for g in data["meta"]["machine"]["memory_gbs"])  # before and after the run
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -5,7 +5,7 @@ weights (the layout must be the same). The model's quantized parts are grouped b
 17920 x 1536: the 28 gate_up projections), and for every n one sweep calls the kernel on every matrix of the
 group in turn (so the weights stream from memory, as in a forward); A and B alternate sweeps (A, B, A, B, ...)
 after one warm-up each. The table gives per group the median sweep in ms for A and B, and B/A. Run from the
-repository root (timings under the shared lock):
+repository root, with nothing else running:
 
     git show main:specdec/runtime/kernels/qgemm.c > /tmp/qgemm_main.c
     .venv/bin/python benchmarks/kernel/qgemm_parts.py /tmp/qgemm_main.c \\
