@@ -368,3 +368,21 @@ def test_eagle_as_a_hybrid_source(env):
     assert stats["eagle"]["accepted"] > 0 and stats["prompt-lookup"]["rounds"] > 0
     for tokens, hidden, _ in d.seen:
         torch.testing.assert_close(hidden, fresh_root(env, tokens)[1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(kernels.matmul_path() == "torch", reason="the bf16 kernel is unavailable here")
+def test_cpu_drafting_runs_the_head_through_the_kernel(env):
+    """On a CPU the head's projections run in bf16 through specdec's kernel with fp32 activations and cache
+    (torch's fp32 mm was ~6x slower a head forward); its outputs stay the fp32 head's up to bf16 rounding,
+    and greedy decoding still equals plain decoding."""
+    fast = Eagle(copy.deepcopy(env["head"]), env["target"].embed, nodes=12, path=kernels.matmul_path())
+    head = fast.head
+    assert head.fc.weight.dtype == torch.bfloat16 and head.compute_dtype == torch.float32
+    assert head.new_cache(8).k[0].dtype == torch.float32
+    emb, hidden = torch.randn(1, 3, head.cfg.hidden_size), torch.randn(1, 3, head.cfg.hidden_size)
+    want, _ = env["head"](emb, hidden, torch.arange(3)[None])
+    got, _ = head(emb, hidden, torch.arange(3)[None])
+    assert got.dtype == torch.float32 and not torch.equal(got, want)
+    torch.testing.assert_close(got, want, rtol=0.05, atol=0.1)
+    ids = encode(env, "the cat sat on the mat; the cat")
+    assert run(env, ids, fast, FixedK(3), max_new_tokens=16).token_ids == run(env, ids, max_new_tokens=16).token_ids

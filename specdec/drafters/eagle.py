@@ -60,12 +60,14 @@ class Eagle(Drafter):
     tau_prior = 0.1
 
     def __init__(self, head: EagleHead, embed, tree: str = "dynamic", nodes: int = 16, depth: int = DEPTH,
-                 topk: int = TOPK, prior_alpha: float = 0.6):
+                 topk: int = TOPK, prior_alpha: float = 0.6, path: str | None = None):
         if tree not in TREES:
             raise ValueError(f"EAGLE tree must be one of {', '.join(TREES)}, got {tree!r}")
         if nodes < 1:
             raise ValueError(f"tree nodes must be at least 1, got {nodes}")
         self.head, self.embed, self.tree = head.float().eval(), embed, tree
+        if path:  # bf16 weights through specdec's kernel (`EagleHead.use_kernel`)
+            self.head.use_kernel(path)
         self.wants_hidden_layers = head.cfg.aux_layers
         self.deterministic = tree != "chain"
         self.topk = max(1, min(topk, nodes))
@@ -240,4 +242,7 @@ def build(llm, heads_dir: str | None = None, tree: str = "auto", tree_nodes: int
     head = find_head(llm.name, llm.folder, llm.model.cfg, heads_dir)
     nodes = tree_nodes or (DEPTH if tree == "chain" else max(llm.budget() - 1, MIN_NODES))
     alpha = (head.cfg.training.get("val") or {}).get("alpha") or [0.6]  # validation alpha per depth (training)
-    return Eagle(head, llm.model.embed, tree=tree, nodes=nodes, prior_alpha=float(min(alpha[0], 0.95)))
+    from specdec.runtime import kernels
+
+    path = kernels.matmul_path() if llm.model.device.type == "cpu" else None
+    return Eagle(head, llm.model.embed, tree=tree, nodes=nodes, prior_alpha=float(min(alpha[0], 0.95)), path=path)

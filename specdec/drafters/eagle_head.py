@@ -286,11 +286,29 @@ class EagleHead(nn.Module):
 
     def fuse(self, feats: torch.Tensor) -> torch.Tensor:
         """cat(aux-layer features) [.., A*D] -> [.., D]."""
-        return self.fc(feats.to(self.fc.weight.dtype))
+        return self.fc(feats.to(self.compute_dtype))
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The activations' and cache's dtype: the weights', or fp32 when bf16 weights run through specdec's
+        kernel (`use_kernel`)."""
+        w = self.fc.weight
+        return torch.float32 if w.dtype == torch.bfloat16 and self.fc.path not in (None, "torch") else w.dtype
+
+    def use_kernel(self, path: str) -> "EagleHead":
+        """Run the projections' weights in bf16 through specdec's skinny kernel on `path` (`kernels.matmul_path()`)
+        with fp32 activations, for drafting on a CPU: torch's fp32 mm took ~2 ms a SmolLM2 head forward at 1-8
+        positions (weights streamed at a fraction of the bandwidth); the kernel reads half the bytes at full
+        speed. Drafts change by bf16 rounding only; the target's verification keeps the output exact."""
+        if path != "torch":
+            for m in self.modules():
+                if isinstance(m, Linear):
+                    m.weight.data, m.path = m.weight.data.to(torch.bfloat16), path
+        return self
 
     def new_cache(self, max_len: int, batch: int = 1) -> KVCache:
         c = self.cfg
-        return KVCache(1, batch, c.num_kv_heads, max_len, c.head_dim, self.fc.weight.dtype)
+        return KVCache(1, batch, c.num_kv_heads, max_len, c.head_dim, self.compute_dtype)
 
     def forward(self, emb: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 cache: KVCache | None = None, mask: torch.Tensor | None = None):
@@ -301,7 +319,7 @@ class EagleHead(nn.Module):
         [B|1, n, length+n], True = may attend; default causal). Without, they attend among themselves
         (mask [B|1, n, n], default causal): a full-sequence training call, or several unrolled steps laid
         side by side under a mask (training-time test)."""
-        dt = self.fc.weight.dtype
+        dt = self.compute_dtype
         emb, hidden = emb.to(dt), hidden.to(dt)
         freqs = positions[..., None].float() * self.inv_freq
         angles = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [B, 1, n, hd]
