@@ -95,6 +95,7 @@ class QLinear(nn.Module):
 
     def __init__(self, parts: list[quant.QWeight], bias: torch.Tensor | None = None):
         super().__init__()
+        self.use = quant.isa()  # the instruction set, fixed for every forward of this model (as Linear.path)
         self.parts = parts
         self.in_features = parts[0].in_features
         self.out_features = sum(p.out_features for p in parts)
@@ -110,7 +111,7 @@ class QLinear(nn.Module):
         if flat.dtype != torch.float32 or not flat.is_contiguous():
             flat = flat.float().contiguous()
         y = torch.empty(flat.shape[0], self.out_features)
-        quant.matmul_parts(y, flat, self.calls)
+        quant.matmul_parts(y, flat, self.calls, use=self.use)
         return y.view(*x.shape[:-1], self.out_features)
 
 
@@ -125,14 +126,19 @@ class Embedding(nn.Embedding):
 
 
 class RMSNorm(nn.Module):
+    fused: bool | None = None  # the C kernel (`ops.rmsnorm`) for fp32 CPU inputs: decided at the first such call
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == self.weight.dtype == torch.float32 and x.device.type == "cpu" and ops.available():
-            return ops.rmsnorm(x, self.weight, self.eps)  # one C call instead of eight (a fixed per-row order)
+        if x.dtype == torch.float32 and x.device.type == "cpu" and self.weight.dtype == torch.float32:
+            if self.fused is None:
+                self.fused = ops.available()
+            if self.fused:
+                return ops.rmsnorm(x, self.weight, self.eps)  # one C call instead of eight (a fixed per-row order)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
@@ -146,6 +152,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class Block(nn.Module):
+    kernels: bool | None = None  # the fused-ops and exact-attention libraries are built (`fused`)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -165,13 +173,22 @@ class Block(nn.Module):
         gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
 
+    def fused(self, qkv: torch.Tensor, keys: torch.Tensor) -> bool:
+        """Whether an exact forward runs RoPE + cache write (`ops.rope_store`) and attention (`attention.attend`)
+        as two C calls: fp32 CPU activations and cache, a head dim the attention kernel takes, and both libraries
+        built (asked once per block: a model keeps its path). Same bits as the torch route."""
+        if self.kernels is None:
+            self.kernels = ops.available() and attention.available()
+        return (self.kernels and qkv.dtype == keys.dtype == torch.float32 and qkv.device.type == "cpu"
+                and qkv.is_contiguous() and keys.is_contiguous() and attention.supports_dims(keys.shape[-1]))
+
     def attend(self, qkv, cos, sin, cache: KVCache, layer: int, start: int, mask, plan: "RowPlan | None"):
         """Attention of n new positions [B, n, H, D] from their fused projection qkv [B, n, q|k|v]: RoPE on q and
         k, k and v written to the cache's slots start.., then attention under `plan` (exact models: each row over
         the keys a single-position forward sees) or `mask`. The batched server calls it per request."""
         B, n, _ = qkv.shape
         cfg = self.cfg
-        if plan is not None and fused(qkv, cache.k[layer]):  # RoPE, cache write and attention: two C calls
+        if plan is not None and self.fused(qkv, cache.k[layer]):  # RoPE, cache write and attention: two C calls
             q = ops.rope_store(qkv, cos, sin, cache, layer, start, cfg.num_heads, cfg.num_kv_heads)
             return attention.attend(q, cache.k[layer], cache.v[layer], plan.rows)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -237,15 +254,6 @@ class RowPlan:
             placed[same:len(path)] = path[same:]
             rows.append((len(path), same, moved))
         return rows, placed != list(range(self.n))
-
-
-def fused(qkv: torch.Tensor, keys: torch.Tensor) -> bool:
-    """Whether an exact forward's block runs RoPE + cache write (`ops.rope_store`) and attention
-    (`attention.attend`) as two C calls: fp32 CPU activations and cache, both libraries built, a head dim
-    the attention kernel takes. Same bits as the torch route (`rope_store` computes torch's RoPE)."""
-    return (qkv.dtype == keys.dtype == torch.float32 and qkv.device.type == "cpu" and qkv.is_contiguous()
-            and keys.is_contiguous() and ops.available() and attention.available()
-            and attention.supports_dims(keys.shape[-1]))
 
 
 def attend_rows(q, k, v, cache: KVCache, layer: int, plan: RowPlan, gqa: bool) -> torch.Tensor:
