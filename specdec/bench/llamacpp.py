@@ -10,8 +10,8 @@ to. Two runners, greedy, on the prompt ids our methods get, with the same thread
 Each generation starts from an empty KV cache so prefill is timed like ours: `Llama.reset()` first, because
 `generate(reset=True)` alone keeps the longest common prefix of the previous generation (after the warm-up
 on the first prompt, that prompt's whole prefill went untimed: 3.6 s recorded against 4.7 s fresh in
-session 5). Their tokens are
-not checked against our plain decoding's: llama.cpp quantizes activations to 8 bits, so near-ties may differ.
+session 5). Their tokens are not checked against our plain decoding's: llama.cpp quantizes activations to
+8 bits, so near-ties may differ.
 
     pip install -e '.[compare]'       # builds llama-cpp-python (about 10 minutes on 2 cores)
     specdec bench --model qwen2.5-coder-1.5b --prompts humanevalfix --compare-llamacpp --out out/ll

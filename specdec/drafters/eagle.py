@@ -35,6 +35,7 @@ from specdec.drafters.base import Context, Drafter
 from specdec.drafters.eagle_head import EagleHead
 from specdec.drafters.medusa import TreeLayout, calibrated_paths, chain
 from specdec.errors import SpecdecError
+from specdec.runtime import kernels
 from specdec.runtime.config import ModelConfig
 from specdec.sampling import probs_from_logits, sample
 
@@ -242,7 +243,5 @@ def build(llm, heads_dir: str | None = None, tree: str = "auto", tree_nodes: int
     head = find_head(llm.name, llm.folder, llm.model.cfg, heads_dir)
     nodes = tree_nodes or (DEPTH if tree == "chain" else max(llm.budget() - 1, MIN_NODES))
     alpha = (head.cfg.training.get("val") or {}).get("alpha") or [0.6]  # validation alpha per depth (training)
-    from specdec.runtime import kernels
-
     path = kernels.matmul_path() if llm.model.device.type == "cpu" else None
     return Eagle(head, llm.model.embed, tree=tree, nodes=nodes, prior_alpha=float(min(alpha[0], 0.95)), path=path)
