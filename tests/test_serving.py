@@ -120,6 +120,7 @@ def test_engine_greedy_equals_single_request_decode(tiny, mode, budget):
         assert ev[-1].finish_reason == ref.finish_reason and ev[-1].completion_tokens == ref.new_tokens
         assert all(e.finish_reason is None for e in ev[:-1])
     assert not engine.running and not engine.waiting
+    assert engine.overhead > 0  # measured: a step is more than its forward
     drafted = sum(d for d, _ in engine.metrics.totals.values())
     assert (drafted > 0) == (mode != "never")  # the equality above covered speculative rounds
 
@@ -364,3 +365,13 @@ def test_exact_models_cut_prompts_anywhere_with_the_same_output(model, tmp_path,
     for job, ref in zip(jobs, refs):
         assert [t for e in events[job.id] for t in e.tokens] == ref.token_ids
     assert max(prefilled) == 5 and sum(prefilled) == sum(len(i) - 1 for i in ids)
+
+
+def test_the_steps_overhead_makes_a_draft_relatively_cheaper():
+    """A step's fixed overhead (bookkeeping, verification) does not grow with k: counted in, a borderline ask
+    pays. B = 4, cost 1 + 0.05 (n - 1): alpha 0.15 at k = 1 gives 4.15 / 1.20 < 4 / 1.15 alone, but
+    4.15 / 2.20 > 4 / 2.15 beside an overhead of one forward."""
+    cost = lambda n: 1 + 0.05 * (n - 1)  # noqa: E731
+    ask = [Ask("a", 1, tokens=1.15)]
+    assert grant(ask, 4, cost=cost) == {"a": 0}
+    assert grant(ask, 4, cost=cost, overhead=1.0) == {"a": 1}

@@ -105,6 +105,9 @@ class Slot:
         return self.prefilled >= len(self.job.prompt_ids) - 1
 
 
+OVERHEAD_WEIGHT = 0.1  # running-average weight of each step's measured overhead (`Engine.overhead`)
+
+
 class Engine:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, budget: float | None = None,
                  cost: CostCurve | None = None, speculation: str = "auto", max_batch: int = 8,
@@ -120,6 +123,7 @@ class Engine:
         self.line = budget if budget is not None else scheduler.line_of(self.cost)  # for "steps past the budget"
         self.speculation, self.max_batch, self.prefill_chunk = speculation, max_batch, prefill_chunk
         self.cut_anywhere = model.row_exact and attention.available()  # prompts cut anywhere, same bits
+        self.overhead = 0.0  # a step's time beyond its forward, in one-position forwards (running average)
         self.metrics = metrics or Metrics()
         self.waiting: deque[Job] = deque()
         self.running: list[Slot] = []
@@ -235,8 +239,12 @@ class Engine:
         committed = sum(self._verify(slot, k, draft, lg, td - t0, tv - td)
                         for (slot, k, draft), lg in zip(rounds, logits))
         self.running = [s for s in self.running if s.stopper.finish_reason is None]
-        self.metrics.step(batch=len(decoding), positions=sum(len(s) for s in segments), budget=self.line,
-                          tokens=committed, seconds=time.perf_counter() - t0)
+        positions, seconds = sum(len(s) for s in segments), time.perf_counter() - t0
+        if tv > td:  # the step beyond its forward, in units of one-position forwards (cost(positions) = tv - td)
+            extra = (seconds - (tv - td)) / (tv - td) * scheduler.extend(self.cost)(positions)
+            self.overhead += OVERHEAD_WEIGHT * (extra - self.overhead)
+        self.metrics.step(batch=len(decoding), positions=positions, budget=self.line, tokens=committed,
+                          seconds=seconds)
 
     def _grants(self, decoding: list[Slot], prefill: int) -> dict[str, int]:
         asks = []
@@ -249,7 +257,7 @@ class Engine:
                 tokens = slot.policy.expected_tokens()[k] if hasattr(slot.policy, "expected_tokens") else k + 1.0
                 asks.append(scheduler.Ask(slot.job.id, k, slot.job.priority, tokens, getattr(slot.policy, "tau", 0.0)))
         grants = scheduler.grant(asks, len(decoding), prefill, self.speculation, self.budget,
-                                 scheduler.extend(self.cost))
+                                 scheduler.extend(self.cost), self.overhead)
         for a in asks:
             self.metrics.granted(a.priority, grants[a.name])
         return grants

@@ -16,7 +16,11 @@ k = 0 for this step, never a little to all. What "fits" depends on what is known
   On a CPU the curve rises gradually instead of breaking at a line, so a request gets its k when the
   step's predicted throughput, tokens over time, rises with it:
       tokens = sum of E_i(k_i) over the decoding requests (1 for a plain step)
-      time   = cost(B + prefill + sum k_i) + sum k_i * tau_i        (in one-position steps)
+      time   = cost(B + prefill + sum k_i) + sum k_i * tau_i + overhead   (in one-position steps)
+  `overhead` is the part of a server step that is not the forward and does not grow with k (the engine's
+  bookkeeping, each request's verification and streaming: measured, `Engine.overhead`). Leaving it out
+  overstates what a drafted position costs: at 4 SmolLM2 requests a step took 8.9 ms of which the forward
+  was ~5.6, and a k = 1 ask needed alpha > 0.27 to be granted where always-on speculation paid at 0.27.
   Example: a curve with cost(1) = 1, cost(5) = 1.3, alpha 0.8 (E(4) = 3.36): alone, k = 4 turns one
   token per 1.0 into 3.36 per 1.3: granted. Beside three others at cost(4) = 1.16, it would cost
   cost(8) = 1.54 for 2.36 more tokens: 6.36 / 1.54 = 4.1 against 4 / 1.16 = 3.4: granted. At B = 8
@@ -63,9 +67,10 @@ def line_of(cost: Callable[[int], float], tolerance: float = 0.10) -> int:
 
 
 def grant(asks: list[Ask], batch: int, prefill: int = 0, mode: str = "auto", budget: float | None = None,
-          cost: Callable[[int], float] | None = None) -> dict[str, int]:
+          cost: Callable[[int], float] | None = None, overhead: float = 0.0) -> dict[str, int]:
     """k for every asking request this step. `batch`: B, the requests decoding (asking or not); `prefill`:
-    prompt tokens scheduled beside them. Give `budget` (a line) or `cost` (a measured curve) for auto."""
+    prompt tokens scheduled beside them. Give `budget` (a line) or `cost` (a measured curve, with the step's
+    `overhead` in the same units) for auto."""
     if mode not in MODES:
         raise ValueError(f"speculation mode must be one of {', '.join(MODES)}, got {mode!r}")
     for a in asks:
@@ -84,7 +89,7 @@ def grant(asks: list[Ask], batch: int, prefill: int = 0, mode: str = "auto", bud
         return theory.allocate_headroom(sessions, room)
     if cost is None:
         raise ValueError("auto speculation needs a budget or a cost curve")
-    positions, tokens, drafting = batch + prefill, float(batch), 0.0
+    positions, tokens, drafting = batch + prefill, float(batch), overhead
     granted = {a.name: 0 for a in asks}
     for a in order:
         before = tokens / (cost(positions) + drafting)
