@@ -440,10 +440,16 @@ static inline __attribute__((always_inline)) void tile256_k(const int fmt, const
             } else {
                 sc[0] = sc[1] = twice256(chunk + 2048 + 16 * j + 8 * h, 0);
             }
+            /* the int16 pair sums of vpmaddubsw are added in int16 before the one vpmaddwd that applies the
+             * scale: exact, as |q4k pair| <= 2 * 15 * 127 = 3810 (8 of them: 30480) and |q6k pair| <= 2 * 63 *
+             * 127 = 16002 (2 of them: 32004) stay below 2^15; fewer multiplies, the same integers */
+            const int group = fmt == FMT_Q6K ? 2 : 8;
             UNROLL for (int r = 0; r < R; r++)
-                UNROLL for (int t = 0; t < 8; t++) {
-                    __m256i p = _mm256_maddubs_epi16(u[t], _mm256_set1_epi32(load4(xb + r * nb * QB + 4 * t)));
-                    isup[r] = _mm256_add_epi32(isup[r], _mm256_madd_epi16(p, sc[t / 4]));
+                UNROLL for (int t0 = 0; t0 < 8; t0 += group) {
+                    __m256i p = _mm256_maddubs_epi16(u[t0], _mm256_set1_epi32(load4(xb + r * nb * QB + 4 * t0)));
+                    UNROLL for (int t = t0 + 1; t < t0 + group; t++)
+                        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(u[t], _mm256_set1_epi32(load4(xb + r * nb * QB + 4 * t))));
+                    isup[r] = _mm256_add_epi32(isup[r], _mm256_madd_epi16(p, sc[t0 / 4]));
                 }
         }
         const __m256 dv = _mm256_loadu_ps(S + s * G + 8 * h);
