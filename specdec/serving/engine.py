@@ -121,6 +121,7 @@ class Engine:
         self.model, self.tokenizer = model, tokenizer
         self.budget, self.cost = budget, cost or CostCurve()
         self.line = budget if budget is not None else scheduler.line_of(self.cost)  # for "steps past the budget"
+        self.curve = scheduler.extend(self.cost)  # the cost of any number of positions, in one-position forwards
         self.speculation, self.max_batch, self.prefill_chunk = speculation, max_batch, prefill_chunk
         self.cut_anywhere = model.row_exact and attention.available()  # prompts cut anywhere, same bits
         self.overhead = 0.0  # a step's time beyond its forward, in one-position forwards (running average)
@@ -241,7 +242,7 @@ class Engine:
         self.running = [s for s in self.running if s.stopper.finish_reason is None]
         positions, seconds = sum(len(s) for s in segments), time.perf_counter() - t0
         if tv > td:  # the step beyond its forward, in units of one-position forwards (cost(positions) = tv - td)
-            extra = (seconds - (tv - td)) / (tv - td) * scheduler.extend(self.cost)(positions)
+            extra = (seconds - (tv - td)) / (tv - td) * self.curve(positions)
             self.overhead += OVERHEAD_WEIGHT * (extra - self.overhead)
         self.metrics.step(batch=len(decoding), positions=positions, budget=self.line, tokens=committed,
                           seconds=seconds)
@@ -257,7 +258,7 @@ class Engine:
                 tokens = slot.policy.expected_tokens()[k] if hasattr(slot.policy, "expected_tokens") else k + 1.0
                 asks.append(scheduler.Ask(slot.job.id, k, slot.job.priority, tokens, getattr(slot.policy, "tau", 0.0)))
         grants = scheduler.grant(asks, len(decoding), prefill, self.speculation, self.budget,
-                                 scheduler.extend(self.cost), self.overhead)
+                                 self.curve, self.overhead)
         for a in asks:
             self.metrics.granted(a.priority, grants[a.name])
         return grants
