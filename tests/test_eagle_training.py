@@ -182,6 +182,12 @@ def test_train_eagle_from_the_command_line(env, tmp_path, monkeypatch, capsys):
         assert f.get_tensor("d2t").dtype == torch.int64 and f.get_tensor("t2d").dtype == torch.bool
     assert main(args[:-2] + ["--resume", "--quiet"]) == 0  # the finished run's checkpoint: nothing left to do
     assert main(args[:2] + ["--model", str(env["folder"]), "--ttt-steps", "0"]) == 2
+    # self-distillation: the target's own answers to the first user turns, a cache of its own name
+    regen = ["--regenerate", "--max-len", "60", "--device", "cpu", "--out", str(tmp_path / "regen")]
+    assert main(args[:-4] + regen + ["--quiet"]) == 0
+    folders = sorted((tmp_path / "home" / "hidden").glob("*/*/meta.json"))
+    assert len(folders) == 2 and any(json.loads(f.read_text()).get("regenerate") for f in folders)
+    assert main(args[:-4] + regen[:-2] + ["--device", "tpu", "--quiet"]) == 2
 
 
 def test_validation_alpha_counts_only_positions_on_the_targets_greedy_path(env, monkeypatch):

@@ -24,6 +24,13 @@ def add_corpus_args(p) -> None:
     p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS,
                    help=f"corpus positions to cache and train on (default {DEFAULT_TOKENS:,})")
     p.add_argument("--max-len", type=int, default=512, help="tokens kept per document (default 512)")
+    p.add_argument("--regenerate", action="store_true",
+                   help="self-distillation: the target answers each conversation's first user turn greedily "
+                        "(up to --max-len tokens in all) and the heads learn from its own answers, not the "
+                        "corpus's (HASS, EAGLE-3's released recipe)")
+    p.add_argument("--device", default="cpu",
+                   help="where the target runs over the corpus (and the EAGLE head trains): cpu (default; fp32 "
+                        "target) or cuda / cuda:N (bf16 target, batched)")
 
 
 def add_run_args(p) -> None:
@@ -61,7 +68,7 @@ def register(sub) -> None:
         "eagle", help="an EAGLE-3 (or EAGLE-1) head: one decoder layer on the target's own features",
         description="Compute the target's layer features over a corpus once (EAGLE-3: the outputs of layers 1, "
                     "L/2-1 and L-4; EAGLE-1: the last layer; cached memory-mapped under ~/.cache/specdec/hidden/), "
-                    "then train one draft decoder layer on them (CPU, bf16 autocast): EAGLE-3 with the direct "
+                    "then train one draft decoder layer on them (on --device, bf16 autocast): EAGLE-3 with the direct "
                     "next-token objective on the target's own greedy tokens over a reduced draft vocabulary and "
                     "training-time test (the head unrolled --ttt-steps steps on its own outputs); EAGLE-1 with "
                     "feature regression + 0.1 cross-entropy over the full vocabulary. Reports validation alpha "
@@ -100,7 +107,7 @@ def target_and_cache(args, layers=None):
     import torch
 
     from specdec.errors import SpecdecError
-    from specdec.runtime.loader import load_transformer
+    from specdec.runtime.loader import load_transformer, resolve_device
     from specdec.store import home, resolve
     from specdec.tokenizer import Tokenizer
     from specdec.training import corpus, heads, hidden_cache
@@ -108,11 +115,15 @@ def target_and_cache(args, layers=None):
     sharegpt = args.data == ["sharegpt"]
     if "sharegpt" in args.data and not sharegpt:
         raise SpecdecError("--data sharegpt cannot be combined with files")
+    device = resolve_device(args.device)
+    gpu = device.type != "cpu"
     folder = resolve(args.model, pull=True, progress=not args.quiet)
     fp = heads.fingerprint(folder)
-    model = load_transformer(folder, torch.float32)
+    model = load_transformer(folder, torch.bfloat16 if gpu else torch.float32, device)
     data = ["sharegpt"] if sharegpt else [str(Path(f).resolve()) for f in args.data]
     settings = {"format": 1, "target": fp, "data": data, "max_len": args.max_len, "requested": args.tokens}
+    if args.regenerate:
+        settings["regenerate"] = "greedy, first user turn"
     ids = tuple(layers(model.cfg.num_layers)) if layers else None
     if ids:
         settings["layers"] = list(ids)
@@ -120,8 +131,17 @@ def target_and_cache(args, layers=None):
     if (where / "meta.json").exists():
         print(f"specdec: reusing the cached hidden states in {where}", file=sys.stderr)
     docs = corpus.sharegpt_conversations() if sharegpt else corpus.file_documents(args.data)
-    cache = hidden_cache.build(model, corpus.token_documents(docs, Tokenizer(folder), args.max_len), where,
-                               args.tokens, settings, progress=not args.quiet, layers=ids)
+    tokenizer = Tokenizer(folder)
+    if args.regenerate:
+        from specdec.training.regenerate import first_turn_prompts, regenerate
+
+        prompts = first_turn_prompts(docs, tokenizer, args.max_len // 2)
+        token_docs = regenerate(model, prompts, args.max_len, set(tokenizer.eos_ids), 1024 if gpu else 8,
+                                args.tokens, progress=not args.quiet)
+    else:
+        token_docs = corpus.token_documents(docs, tokenizer, args.max_len)
+    cache = hidden_cache.build(model, token_docs, where, args.tokens, settings, progress=not args.quiet,
+                               layers=ids, batch=32 if gpu else 1)
     return model, fp, data, where, cache
 
 
@@ -139,7 +159,8 @@ def run_medusa(args) -> int:
     out = Path(args.out).expanduser() if args.out else heads.store_dir(args.model, "medusa")
     s = TrainSettings(heads=args.heads, epochs=args.epochs, batch=args.batch, lr=args.lr,
                       draft_vocab=args.draft_vocab, checkpoint_every=args.checkpoint_every)
-    tensors, report = train(cache, model.lm_head.weight, s, out, resume=args.resume, progress=not args.quiet)
+    tensors, report = train(cache, model.lm_head.weight.detach().float().cpu(), s, out, resume=args.resume,
+                            progress=not args.quiet)
     config = {"kind": "medusa", "target": {"name": args.model, "fingerprint": fp},
               "data": {"sources": data, "tokens": len(cache), "documents": cache.meta["documents"],
                        "max_len": args.max_len, "hidden_cache": where.name}, **report}
@@ -176,7 +197,8 @@ def run_eagle(args) -> int:
     s = TrainSettings(version=args.version, epochs=args.epochs, ttt_steps=args.ttt_steps,
                       draft_vocab=args.draft_vocab, batch_tokens=args.batch_tokens, lr=args.lr, bf16=not args.fp32,
                       checkpoint_every=args.checkpoint_every)
-    head = train(cache, model, args.model, fp, s, out, resume=args.resume, progress=not args.quiet)
+    head = train(cache, model, args.model, fp, s, out, resume=args.resume, progress=not args.quiet,
+                 device=model.device)
     head.cfg.training["data"] = {"sources": data, "max_len": args.max_len, "hidden_cache": where.name}
     copy.deepcopy(head).half().save(out)
     t = head.cfg.training

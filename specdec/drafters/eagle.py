@@ -36,6 +36,7 @@ from specdec.drafters.eagle_head import EagleHead
 from specdec.drafters.medusa import TreeLayout, calibrated_paths, chain
 from specdec.errors import SpecdecError
 from specdec.runtime import kernels
+from specdec.runtime.kernels import quant
 from specdec.runtime.config import ModelConfig
 from specdec.sampling import probs_from_logits, sample
 
@@ -48,10 +49,10 @@ STATIC_PRIOR = [0.6, 0.15, 0.08, 0.05, 0.03]  # static tree: assumed acceptance 
 
 
 def top_logprobs(logits: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The n best log-probabilities of logits [Vd] and their indices (topk less the logsumexp: no full
-    log-softmax over the draft vocabulary)."""
+    """The n best log-probabilities of logits [.., Vd] and their indices, per row (topk less the logsumexp: no
+    full log-softmax over the draft vocabulary)."""
     top = logits.topk(min(n, logits.shape[-1]))
-    return top.values - logits.logsumexp(-1), top.indices
+    return top.values - logits.logsumexp(-1, keepdim=True), top.indices
 
 
 class Eagle(Drafter):
@@ -67,7 +68,7 @@ class Eagle(Drafter):
         if nodes < 1:
             raise ValueError(f"tree nodes must be at least 1, got {nodes}")
         self.head, self.embed, self.tree = head.float().eval(), embed, tree
-        if path:  # bf16 weights through specdec's kernel (`EagleHead.use_kernel`)
+        if path:  # quantized or bf16 weights through specdec's kernels (`EagleHead.use_kernel`)
             self.head.use_kernel(path)
         self.wants_hidden_layers = head.cfg.aux_layers
         self.deterministic = tree != "chain"
@@ -161,14 +162,16 @@ class Eagle(Drafter):
         tok, par, score, path = [], [], [], []
         slot, hid = {}, {-1: self.root[1]}  # expanded nodes: head-cache slot, output hidden
 
-        def add_children(parent: int, logits: torch.Tensor) -> list[int]:
+        def add_children(parents: list[int], logits: torch.Tensor) -> list[int]:
+            """The best `ranks` children of each parent (logits [len(parents), Vd]: one topk for them all)."""
             values, ids = top_logprobs(logits, ranks)
-            above, prefix = (score[parent], path[parent]) if parent >= 0 else (0.0, ())
             new = []
-            for r, (v, t) in enumerate(zip(values.tolist(), ids.tolist())):
-                if dynamic or prefix + (r,) in self.paths:
-                    new.append(len(tok))
-                    tok.append(t), par.append(parent), score.append(above + v), path.append(prefix + (r,))
+            for parent, vs, ts in zip(parents, values.tolist(), ids.tolist()):
+                above, prefix = (score[parent], path[parent]) if parent >= 0 else (0.0, ())
+                for r, (v, t) in enumerate(zip(vs, ts)):
+                    if dynamic or prefix + (r,) in self.paths:
+                        new.append(len(tok))
+                        tok.append(t), par.append(parent), score.append(above + v), path.append(prefix + (r,))
             return new
 
         def ancestors(i: int) -> list[int]:
@@ -178,7 +181,7 @@ class Eagle(Drafter):
                 j = par[j]
             return out
 
-        level = add_children(-1, self.root[0])
+        level = add_children([-1], self.root[0][None])
         for d in range(1, depth):
             if dynamic:  # EAGLE-2: expand the best nodes of the newest depth
                 grow = sorted(level, key=lambda i: -score[i])[:self.topk]
@@ -189,10 +192,9 @@ class Eagle(Drafter):
             base = self.cache.length
             logits, h = self._step([tok[i] for i in grow], torch.stack([hid[par[i]] for i in grow]),
                                    self.committed + d - 1, [ancestors(i) + [base + n] for n, i in enumerate(grow)])
-            level = []
             for n, i in enumerate(grow):
                 slot[i], hid[i] = base + n, h[n]
-                level += add_children(i, logits[n])
+            level = add_children(grow, logits)
         keep = list(range(len(tok)))
         if dynamic and len(keep) > self.budget:  # rerank: the best N by score (ties: parents, drafted first)
             order = torch.sort(torch.tensor(score), descending=True, stable=True).indices[:self.budget]
@@ -243,5 +245,7 @@ def build(llm, heads_dir: str | None = None, tree: str = "auto", tree_nodes: int
     head = find_head(llm.name, llm.folder, llm.model.cfg, heads_dir)
     nodes = tree_nodes or (DEPTH if tree == "chain" else max(llm.budget() - 1, MIN_NODES))
     alpha = (head.cfg.training.get("val") or {}).get("alpha") or [0.6]  # validation alpha per depth (training)
-    path = kernels.matmul_path() if llm.model.device.type == "cpu" else None
+    path = None
+    if llm.model.device.type == "cpu":  # q8 on the quantized matmul (half the bf16 bytes), else bf16's kernel
+        path = "q8" if quant.isa() != "torch" else kernels.matmul_path()
     return Eagle(head, llm.model.embed, tree=tree, nodes=nodes, prior_alpha=float(min(alpha[0], 0.95)), path=path)

@@ -63,7 +63,8 @@ from torch import nn
 from specdec.errors import SpecdecError
 from specdec.runtime.config import ModelConfig
 from specdec.runtime.kv_cache import KVCache
-from specdec.runtime.model import Linear, RMSNorm, rotate
+from specdec.runtime.kernels import quant
+from specdec.runtime.model import Linear, QLinear, RMSNorm, rotate
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -290,17 +291,25 @@ class EagleHead(nn.Module):
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        """The activations' and cache's dtype: the weights', or fp32 when bf16 weights run through specdec's
-        kernel (`use_kernel`)."""
-        w = self.fc.weight
-        return torch.float32 if w.dtype == torch.bfloat16 and self.fc.path not in (None, "torch") else w.dtype
+        """The activations' and cache's dtype: the weights', or fp32 when the projections run through specdec's
+        kernels (`use_kernel`: bf16 or quantized weights)."""
+        w = getattr(self.fc, "weight", None)
+        if w is None or (w.dtype == torch.bfloat16 and self.fc.path not in (None, "torch")):
+            return torch.float32
+        return w.dtype
 
     def use_kernel(self, path: str) -> "EagleHead":
-        """Run the projections' weights in bf16 through specdec's skinny kernel on `path` (`kernels.matmul_path()`)
-        with fp32 activations, for drafting on a CPU: torch's fp32 mm took ~2 ms a SmolLM2 head forward at 1-8
-        positions (weights streamed at a fraction of the bandwidth); the kernel reads half the bytes at full
-        speed. Drafts change by bf16 rounding only; the target's verification keeps the output exact."""
-        if path != "torch":
+        """Run the projections through specdec's CPU kernels with fp32 activations, for drafting: `path` "q8" or
+        "q4" quantizes every weight (`kernels.quant`, the target's quantized matmul), a `kernels.matmul_path()`
+        keeps it in bf16 for the skinny kernel. A SmolLM2 head forward at 8 positions reads 20 MB in bf16,
+        10 MB in q8 (torch's fp32 mm took ~2 ms). Drafts change by the rounding only; the target's verification
+        keeps the output exact."""
+        if path in quant.FORMATS:
+            for owner in list(self.modules()):
+                for name, m in list(owner.named_children()):
+                    if isinstance(m, Linear):
+                        setattr(owner, name, QLinear([quant.from_fp32(m.weight.detach().float(), path)]))
+        elif path != "torch":
             for m in self.modules():
                 if isinstance(m, Linear):
                     m.weight.data, m.path = m.weight.data.to(torch.bfloat16), path

