@@ -19,7 +19,9 @@ from specdec.drafters.eagle import Eagle, build, find_head
 from specdec.drafters.eagle_head import EagleConfig, EagleHead
 from specdec.errors import SpecdecError
 from specdec.runtime import kernels
+from specdec.runtime.kernels import quant
 from specdec.runtime.loader import load_transformer
+from specdec.runtime.model import QLinear
 from specdec.sampling import SamplingParams, make_generator, probs_from_logits
 from specdec.tokenizer import Tokenizer
 from specdec.training.heads import fingerprint
@@ -368,6 +370,24 @@ def test_eagle_as_a_hybrid_source(env):
     assert stats["eagle"]["accepted"] > 0 and stats["prompt-lookup"]["rounds"] > 0
     for tokens, hidden, _ in d.seen:
         torch.testing.assert_close(hidden, fresh_root(env, tokens)[1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(quant.isa() == "torch", reason="the quantized-matmul kernel is unavailable here")
+def test_cpu_drafting_with_q8_head_weights(env):
+    """q8 head weights (`use_kernel("q8")`, what `build` picks on a CPU with the quantized matmul): every
+    projection is a QLinear, activations and cache fp32, outputs the fp32 head's up to the rounding, and
+    greedy decoding still equals plain decoding."""
+    fast = Eagle(copy.deepcopy(env["head"]), env["target"].embed, nodes=12, path="q8")
+    head = fast.head
+    assert isinstance(head.lm_head, QLinear) and isinstance(head.midlayer.self_attn.q_proj, QLinear)
+    assert head.compute_dtype == torch.float32 and head.new_cache(8).k[0].dtype == torch.float32
+    emb, hidden = torch.randn(1, 3, head.cfg.hidden_size), torch.randn(1, 3, head.cfg.hidden_size)
+    want, _ = env["head"](emb, hidden, torch.arange(3)[None])
+    got, _ = head(emb, hidden, torch.arange(3)[None])
+    assert not torch.equal(got, want)
+    torch.testing.assert_close(got, want, rtol=0.05, atol=0.1)
+    ids = encode(env, "the cat sat on the mat; the cat")
+    assert run(env, ids, fast, FixedK(3), max_new_tokens=16).token_ids == run(env, ids, max_new_tokens=16).token_ids
 
 
 @pytest.mark.skipif(kernels.matmul_path() == "torch", reason="the bf16 kernel is unavailable here")

@@ -72,3 +72,18 @@ def test_batched_cache_equals_one_document_forwards(tmp_path):
     np.testing.assert_allclose(np.asarray(one.features, np.float32), np.asarray(four.features, np.float32),
                                atol=2e-3, rtol=2e-3)
     assert json.loads((tmp_path / "four" / "meta.json").read_text())["documents"] == 5
+
+
+def test_jsonl_lines_split_on_newlines_only(tmp_path):
+    """A JSON string may hold U+2028 / U+0085 (ShareGPT does): str.splitlines would cut the line there."""
+    import gzip
+
+    from specdec.training.corpus import file_documents
+
+    rows = [{"messages": [{"role": "user", "content": "a\u2028b\x85c"}]}, {"text": "plain"}]
+    text = "\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n"
+    (tmp_path / "c.jsonl").write_text(text, encoding="utf-8")
+    with gzip.open(tmp_path / "c.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.write(text)
+    for name in ("c.jsonl", "c.jsonl.gz"):
+        assert list(file_documents([tmp_path / name])) == [[{"role": "user", "content": "a\u2028b\x85c"}], "plain"]
