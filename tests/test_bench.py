@@ -65,6 +65,35 @@ def test_parse_methods_adds_plain_and_rejects_unknown():
     assert parse_methods("prompt-lookup,plain,prompt-lookup") == ["plain", "prompt-lookup"]
     with pytest.raises(SpecdecError, match="unknown method 'nope': choose from plain"):
         parse_methods("plain,nope")
+    assert parse_methods("eagle@chain,eagle,medusa@chain") == ["plain", "eagle@chain", "eagle", "medusa@chain"]
+    with pytest.raises(SpecdecError, match="eagle trees are auto, dynamic, static, chain"):
+        parse_methods("eagle@wide")
+    with pytest.raises(SpecdecError, match="only medusa and eagle take '@TREE'"):
+        parse_methods("prompt-lookup@chain")
+
+
+def test_tree_variants_share_the_model_with_their_own_drafter():
+    from types import SimpleNamespace
+
+    from specdec.bench.runner import BenchSettings, OurMethod
+
+    calls = []
+
+    class FakeLLM:
+        tree, _medusa, _eagle = "auto", "medusa drafter", "eagle drafter"
+        model = object()
+
+        def generate(self, ids, **kw):
+            calls.append((self.tree, self._eagle, kw["method"]))
+            return SimpleNamespace(token_ids=[1], text="", target_forwards=1, mean_accepted=1.0, acceptance_rate=0,
+                                   drafted=0, accepted=0, accepted_per_position=[], draft_seconds=0,
+                                   target_seconds=0, finish_reason="length", seconds=0.1)
+
+    llm = FakeLLM()
+    chain, dynamic = OurMethod(llm, "eagle@chain", BenchSettings()), OurMethod(llm, "eagle", BenchSettings())
+    assert chain.generate([1])["method"] == "eagle@chain" and dynamic.generate([1])["method"] == "eagle"
+    assert calls == [("chain", None, "eagle"), ("auto", "eagle drafter", "eagle")]
+    assert chain.llm.model is llm.model and llm.tree == "auto"
 
 
 def test_first_difference():

@@ -22,6 +22,8 @@ Fairness rules, the same for every method:
 
 from __future__ import annotations
 
+import copy
+
 import sys
 import time
 from dataclasses import dataclass, field
@@ -64,14 +66,24 @@ def available_methods() -> tuple[str, ...]:
     return tuple(api.METHODS)
 
 
+TREE_METHODS = {"medusa": ("auto", "chain", "static"), "eagle": ("auto", "dynamic", "static", "chain")}
+
+
 def parse_methods(spec: str | Sequence[str]) -> list[str]:
-    """'plain,prompt-lookup' -> the list, plain first (added when missing); unknown -> SpecdecError."""
+    """'plain,prompt-lookup' -> the list, plain first (added when missing); unknown -> SpecdecError.
+    A tree method may name its tree after '@' (e.g. 'eagle@chain,eagle': EAGLE's chain and its dynamic tree
+    side by side in one run); without it the method takes `--tree`."""
     names = [m.strip() for m in (spec.split(",") if isinstance(spec, str) else spec) if m.strip()]
     known = available_methods()
-    unknown = [m for m in names if m not in known]
+    unknown = [m for m in names if m.split("@")[0] not in known]
     if unknown:
         raise SpecdecError(f"unknown method{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}: "
                            f"choose from {', '.join(known)}")
+    for m in names:
+        base, _, tree = m.partition("@")
+        if tree and tree not in TREE_METHODS.get(base, ()):
+            raise SpecdecError(f"{m!r}: " + (f"{base} trees are {', '.join(TREE_METHODS[base])}" if base in TREE_METHODS
+                                             else f"only {' and '.join(TREE_METHODS)} take '@TREE'"))
     return list(dict.fromkeys(["plain"] + names))
 
 
@@ -103,12 +115,16 @@ class OurMethod:
 
     def __init__(self, llm, method: str, settings: BenchSettings):
         self.llm, self.name, self.settings = llm, method, settings
-        self.kwargs = dict(settings.method_kwargs.get(method, {}))
+        self.method, _, tree = method.partition("@")
+        if tree:  # the same loaded model, its own drafter for this tree
+            self.llm = copy.copy(llm)
+            self.llm.tree, self.llm._medusa, self.llm._eagle = tree, None, None
+        self.kwargs = dict(settings.method_kwargs.get(self.method, {}))
 
     def generate(self, ids: Sequence[int], max_new_tokens: int | None = None) -> dict:
         s = self.settings
         kw = dict(max_new_tokens=max_new_tokens or s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-                  seed=s.seed, method=self.name, k=s.k)
+                  seed=s.seed, method=self.method, k=s.k)
         kw.update(self.kwargs)
         t0 = time.perf_counter()
         r = self.llm.generate(list(ids), **kw)

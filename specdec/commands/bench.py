@@ -44,7 +44,8 @@ def register(sub) -> None:
                    help="datastore for method 'retrieval' (default: the model's ShareGPT datastore)")
     p.add_argument("--methods", default="plain,prompt-lookup",
                    help="comma-separated methods from specdec.api.METHODS; plain is added when missing "
-                        "(default: plain,prompt-lookup)")
+                        "(default: plain,prompt-lookup). medusa and eagle may name a tree after '@' to race "
+                        "trees in one run: eagle@chain,eagle@dynamic,medusa@chain")
     p.add_argument("--prompts", required=True, metavar="FILE.jsonl",
                    help="'spec-bench' (data/spec_bench/dev.jsonl), 'humanevalfix' "
                         "(data/code_edit/humanevalfix_dev.jsonl) or a path to a jsonl file in either format")
@@ -131,7 +132,7 @@ def run(args) -> int:
         raise ValueError("--compare-hf and --compare-llamacpp run on the CPU: drop them or use --device cpu")
     methods = runner.parse_methods(args.methods)
     for method in methods:
-        check_setup(draft=args.draft, lookahead=lookahead_arg(args), method=method)
+        check_setup(draft=args.draft, lookahead=lookahead_arg(args), method=method.split("@")[0])
     report.check_out(args.out)
     cats = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     prompts = P.load_prompts(args.prompts, cats, args.limit)
