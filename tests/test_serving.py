@@ -123,6 +123,11 @@ def test_engine_greedy_equals_single_request_decode(tiny, mode, budget):
     assert engine.overhead > 0  # measured: a step is more than its forward
     drafted = sum(d for d, _ in engine.metrics.totals.values())
     assert (drafted > 0) == (mode != "never")  # the equality above covered speculative rounds
+    if mode == "auto" and budget is None:  # measured arms: whatever auto ran, the outputs above are exact
+        assert sum(n for n, *_ in engine.picker.seen.values()) > 0
+        assert 'specdec_auto_arm_steps_total{arm="model"}' in engine.metrics.render().decode()
+    else:
+        assert engine.picker is None
 
 
 def test_engine_trees_and_fixed_k_equal_decode(tiny):
@@ -375,3 +380,29 @@ def test_the_steps_overhead_makes_a_draft_relatively_cheaper():
     ask = [Ask("a", 1, tokens=1.15)]
     assert grant(ask, 4, cost=cost) == {"a": 0}
     assert grant(ask, 4, cost=cost, overhead=1.0) == {"a": 1}
+
+
+def test_mode_picker_runs_the_arm_with_the_most_tokens_per_second():
+    """Each arm is tried `warmup` times per batch size, then the fastest runs, the others one step in
+    `explore` in turn; a later change of the rates moves the choice; batch sizes are kept apart."""
+    from specdec.serving.scheduler import ARMS, ModePicker
+
+    rate = {"model": 290.0, "never": 306.0, "always": 297.0}
+    p = ModePicker(explore=8, warmup=2)
+    picks = []
+    for _ in range(64):
+        arm = p.choose(8)
+        picks.append(arm)
+        p.record(8, arm, tokens=8, seconds=8 / rate[arm])
+    assert picks[:6] == ["model", "model", "never", "never", "always", "always"]
+    rest = picks[6:]
+    assert rest.count("never") == len(rest) - sum(1 for i in range(7, 65) if i % 8 == 0)
+    assert {a for i, a in enumerate(rest, 7) if i % 8 == 0} == {"model", "always"}  # explored in turn
+    assert p.choose(16) == "model"  # another batch size starts over
+    rate["always"] = 400.0  # the load changed: exploration sees it and the choice follows
+    for _ in range(200):
+        arm = p.choose(8)
+        p.record(8, arm, tokens=8, seconds=8 / rate[arm])
+    assert p.choose(8) == "always"
+    assert set(ARMS) == {"model", "never", "always"}
+

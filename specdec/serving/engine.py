@@ -125,6 +125,8 @@ class Engine:
         self.speculation, self.max_batch, self.prefill_chunk = speculation, max_batch, prefill_chunk
         self.cut_anywhere = model.row_exact and attention.available()  # prompts cut anywhere, same bits
         self.overhead = 0.0  # a step's time beyond its forward, in one-position forwards (running average)
+        self.picker = scheduler.ModePicker() if speculation == "auto" and budget is None else None
+        self.arm = "model"  # the picker's arm for the current step
         self.metrics = metrics or Metrics()
         self.waiting: deque[Job] = deque()
         self.running: list[Slot] = []
@@ -241,6 +243,8 @@ class Engine:
                         for (slot, k, draft), lg in zip(rounds, logits))
         self.running = [s for s in self.running if s.stopper.finish_reason is None]
         positions, seconds = sum(len(s) for s in segments), time.perf_counter() - t0
+        if self.picker is not None and decoding and not prefills:
+            self.picker.record(len(decoding), self.arm, committed, seconds)
         if tv > td:  # the step beyond its forward, in units of one-position forwards (cost(positions) = tv - td)
             extra = (seconds - (tv - td)) / (tv - td) * self.curve(positions)
             self.overhead += OVERHEAD_WEIGHT * (extra - self.overhead)
@@ -248,17 +252,21 @@ class Engine:
                           seconds=seconds)
 
     def _grants(self, decoding: list[Slot], prefill: int) -> dict[str, int]:
+        mode = self.speculation
+        if self.picker is not None and decoding:
+            self.arm = self.picker.choose(len(decoding))
+            self.metrics.arm(self.arm)
+            mode = "auto" if self.arm == "model" else self.arm
         asks = []
         for slot in decoding:
-            if slot.drafter is None or self.speculation == "never":
+            if slot.drafter is None or mode == "never":
                 continue
             slot.ctx.remaining = slot.job.request.max_new_tokens - len(slot.stopper.ids)
             k = min(choose_k(slot.policy, slot.drafter, slot.ctx), slot.ctx.remaining - 1)
             if k > 0:  # a fixed k has no estimate: counted as all accepted, free to draft
                 tokens = slot.policy.expected_tokens()[k] if hasattr(slot.policy, "expected_tokens") else k + 1.0
                 asks.append(scheduler.Ask(slot.job.id, k, slot.job.priority, tokens, getattr(slot.policy, "tau", 0.0)))
-        grants = scheduler.grant(asks, len(decoding), prefill, self.speculation, self.budget,
-                                 self.curve, self.overhead)
+        grants = scheduler.grant(asks, len(decoding), prefill, mode, self.budget, self.curve, self.overhead)
         for a in asks:
             self.metrics.granted(a.priority, grants[a.name])
         return grants

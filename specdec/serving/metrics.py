@@ -15,6 +15,7 @@ Each app owns its registry (served at /metrics). Names, documented in README.md'
     specdec_position_drafted_total          counter{position}: rounds that reached draft position i (1-based)
     specdec_position_accepted_total         counter{position}: ... and accepted it (per-position acceptance)
     specdec_k_granted                       histogram{priority}: k the scheduler granted per request-step asked
+    specdec_auto_arm_steps_total            counter{arm}: auto's steps by how they were granted (model, never, always)
     specdec_inter_token_seconds             histogram{speculating}: time between a request's rounds
     specdec_time_to_first_token_seconds     histogram: submit to first committed token
     specdec_requests_total                  counter{finish}: finished requests by finish reason
@@ -51,6 +52,8 @@ class Metrics:
                                     ("position",), registry=r)
         self.k = Histogram("specdec_k_granted", "k granted per asking request and step", ("priority",), registry=r,
                            buckets=(0, 1, 2, 3, 4, 6, 8, 16))
+        self.arms = Counter("specdec_auto_arm_steps", "Auto's steps by arm (model, never, always)", ("arm",),
+                            registry=r)
         self.itl = Histogram("specdec_inter_token_seconds", "Time between a request's rounds", ("speculating",),
                              registry=r, buckets=LATENCY)
         self.ttft = Histogram("specdec_time_to_first_token_seconds", "Submit to first committed token", registry=r,
@@ -72,6 +75,9 @@ class Metrics:
 
     def granted(self, priority: str, k: int) -> None:
         self.k.labels(priority).observe(k)
+
+    def arm(self, arm: str) -> None:
+        self.arms.labels(arm).inc()
 
     def acceptance(self, drafter: str, priority: str, drafted: int, accepted: int) -> None:
         self.drafted.labels(drafter, priority).inc(drafted)

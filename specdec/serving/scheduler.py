@@ -27,6 +27,16 @@ k = 0 for this step, never a little to all. What "fits" depends on what is known
   (cost 1.54) it would cost cost(12) = 2.03: 10.36 / 2.03 = 5.1 against 8 / 1.54 = 5.2: refused.
 
 Modes: auto (the above), always (every ask granted: speculation ignoring the load), never (k = 0).
+
+**Measured, not only modelled** (`ModePicker`, auto with a cost curve). The curve is a single request's
+forward; a packed step over B requests also pays per request (attention over each cache, verification,
+streaming), so the model can misjudge where speculation stops paying, and on this CPU it did: at 8 and 16
+SmolLM2 requests auto made fewer tokens per second than both always and never. So auto keeps, per batch
+size B, the tokens and seconds of its recent plain-free steps (no prefill) under three arms: the model's
+grants ("model"), none ("never") and every ask ("always"), and runs the arm with the most tokens per second,
+trying the other two every `explore`-th step at that B (each first `warmup` times). It converges to the best
+of the three at every load, paying the exploration steps.
+Example: at B = 8, model 290 tok/s, never 306, always 297 -> never runs, 7 steps of 8.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from typing import Callable
 from specdec import theory
 
 MODES = ("auto", "always", "never")
+ARMS = ("model", "never", "always")  # the ways auto may grant a step (`ModePicker`)
 PRIORITIES = ("interactive", "batch")
 
 
@@ -98,3 +109,34 @@ def grant(asks: list[Ask], batch: int, prefill: int = 0, mode: str = "auto", bud
             granted[a.name] = a.k
             positions, tokens, drafting = positions + a.k, tokens + a.tokens - 1, drafting + a.k * a.tau
     return granted
+
+
+class ModePicker:
+    """Auto's choice among `ARMS` per batch size, by measured tokens per second (module docstring)."""
+
+    def __init__(self, explore: int = 8, warmup: int = 3, weight: float = 0.1):
+        self.explore, self.warmup, self.weight = explore, warmup, weight
+        self.seen: dict[tuple[int, str], list[float]] = {}  # (B, arm) -> [steps, tokens, seconds] (running means)
+        self.steps: dict[int, int] = {}
+
+    def rate(self, batch: int, arm: str) -> float | None:
+        n, tokens, seconds = self.seen.get((batch, arm), (0, 0.0, 0.0))
+        return tokens / seconds if n and seconds > 0 else None
+
+    def choose(self, batch: int) -> str:
+        """The arm for a step over `batch` decoding requests."""
+        step = self.steps[batch] = self.steps.get(batch, 0) + 1
+        fresh = [a for a in ARMS if self.seen.get((batch, a), (0,))[0] < self.warmup]
+        if fresh:
+            return fresh[0]
+        best = max(ARMS, key=lambda a: self.rate(batch, a) or 0.0)
+        if step % self.explore == 0:  # try the others in turn
+            others = [a for a in ARMS if a != best]
+            return others[(step // self.explore) % len(others)]
+        return best
+
+    def record(self, batch: int, arm: str, tokens: int, seconds: float) -> None:
+        """A finished step's committed tokens and time (steps with prefill left out by the caller)."""
+        n, t, s = self.seen.get((batch, arm), (0, 0.0, 0.0))
+        w = max(self.weight, 1.0 / (n + 1))  # plain means while few, then running means
+        self.seen[(batch, arm)] = [n + 1, t + w * (tokens - t), s + w * (seconds - s)]
