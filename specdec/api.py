@@ -7,7 +7,7 @@
     r = llm.generate("Fix this code: ...", method="prompt-lookup")        # k chosen adaptively
     r = LLM("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b").generate("...", method="draft", k=4)
     r = LLM("smollm2-135m", tree="auto").generate("...", method="medusa")  # trained heads, a calibrated tree
-    r = LLM("smollm2-135m").generate("...", method="eagle")  # an EAGLE head, EAGLE-2 dynamic tree (tree="chain"...)
+    r = LLM("smollm2-135m").generate("...", method="eagle")  # an EAGLE head: a chain, or EAGLE-2's dynamic tree where verifying is wide
     for piece in llm.stream("Tell me a story.", temperature=0.7, seed=1):
         print(piece, end="", flush=True)
 """

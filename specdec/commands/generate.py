@@ -51,8 +51,8 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
                         "--datastore), early-exit (the target's first L layers, --exit-layer), lookahead (Jacobi window + n-gram pool, "
                         "no draft), hybrid (the first of --sources that proposes something), medusa (trained "
                         "heads on the target's last hidden state draft a tree, --heads, --tree), eagle (EAGLE-1/3: "
-                        "a trained one-layer head drafts on the target's features, EAGLE-2 dynamic tree by "
-                        "default, --heads, --tree) (default plain)")
+                        "a trained one-layer head drafts on the target's features, an EAGLE-2 dynamic tree "
+                        "where verifying is wide, else a chain, --heads, --tree) (default plain)")
     g.add_argument("--k", default="auto", type=parse_k,
                    help="draft length per round, or 'auto' (default): chosen each round from measured "
                         "acceptance, draft cost and the verify-cost curve of `specdec probe`; 0 = plain steps")
@@ -91,9 +91,11 @@ def add_medusa_args(p: argparse.ArgumentParser, acceptance: bool = True) -> None
     g.add_argument("--tree", default="auto", metavar="auto|chain|dynamic|static|FILE",
                    help="medusa: auto (default), the calibrated sparse tree from the heads' validation accuracies; "
                         "chain: each head's top token; FILE: a JSON list of rank paths (Medusa's medusa_choices "
-                        "shape), e.g. [[0], [1], [0, 0]]. eagle: dynamic (= auto, the default; EAGLE-2: expand "
-                        "the likeliest nodes depth by depth, keep the best N), static (a fixed tree of ranks) or "
-                        "chain (the top token per depth; drawn from the draft under sampling)")
+                        "shape), e.g. [[0], [1], [0, 0]]. eagle: auto (default: dynamic where one forward verifies "
+                        "more than 7 positions for about the cost of one, by the probe, or when --tree-nodes is "
+                        "given; else chain), dynamic "
+                        "(EAGLE-2: expand the likeliest nodes depth by depth, keep the best N), static (a fixed "
+                        "tree of ranks) or chain (the top token per depth; drawn from the draft under sampling)")
     g.add_argument("--tree-nodes", type=int, default=None, metavar="N",
                    help="draft nodes in the tree (default: medusa: the size the `specdec probe` cost curve "
                         "favours; eagle: the positions one forward verifies for about the cost of one, by the "

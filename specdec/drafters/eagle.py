@@ -9,12 +9,13 @@ root r = x_c not yet run by the target, the newest entry (f_{c-1}, r) already pr
 root: the first draft depth costs no head forward. Draft entries written while building a tree are dropped
 at the end of `propose` (rollback is truncation to the committed length, as for the target's cache).
 
-EAGLE-2 dynamic tree (`tree="dynamic"`, the default). Every drafted node carries its cumulative draft
-log-probability (its path's sum). Depth by depth, the `topk` best nodes of the newest depth are expanded in
-one head forward (each sees the committed entries, its ancestors and itself: a tree mask), each proposing
-its `topk` best children; then all drafted nodes are reranked and the best N kept. Scores fall along a path,
-so the best N always include each node's ancestors. Example, topk 2, N 4: root children a (-0.1), b (-1.2);
-expanding a and b gives aa (-0.3), ab (-2.0), ba (-1.5), bb (-3.0); the draft is a, aa, b, ba.
+EAGLE-2 dynamic tree (`tree="dynamic"`; the default where verifying is wide, `auto_tree`). Every drafted
+node carries its cumulative draft log-probability (its path's sum). Depth by depth, the `topk` best nodes of
+the newest depth are expanded in one head forward (each sees the committed entries, its ancestors and
+itself: a tree mask), each proposing its `topk` best children; then all drafted nodes are reranked and the
+best N kept. Scores fall along a path, so the best N always include each node's ancestors. Example, topk 2,
+N 4: root children a (-0.1), b (-1.2); expanding a and b gives aa (-0.3), ab (-2.0), ba (-1.5), bb (-3.0);
+the draft is a, aa, b, ba.
 Static tree: Medusa-style rank paths (`medusa.calibrated_paths` over a prior of acceptance by rank), the
 same per-depth expansion. Chain: the top token per depth (greedy), or, under sampling, a token drawn from
 the draft distribution q per depth.
@@ -233,16 +234,27 @@ def find_head(name: str, folder, target: ModelConfig, heads_dir: str | None = No
     return head
 
 
+def auto_tree(budget: int) -> str:
+    """`--tree auto`: EAGLE-2's dynamic tree where one forward verifies more nodes than a chain holds (budget
+    - 1 > DEPTH) for about the cost of one, else a chain. A tree of N nodes costs a head forward over up to
+    TOPK nodes per depth and a verify over N; where N is a chain's length anyway, the chain drafts one node per
+    head forward for the same verify. Measured (BENCHMARKS.md, session 7): SmolLM2 q4 on a Zen 5, budget 3,
+    chain 1.14x plain, dynamic tree 0.96x on Spec-Bench. Example: budget 3 -> chain, 64 (a GPU) -> dynamic."""
+    return "dynamic" if budget - 1 > DEPTH else "chain"
+
+
 def build(llm, heads_dir: str | None = None, tree: str = "auto", tree_nodes: int | None = None) -> Eagle:
-    """The EAGLE drafter for an `LLM`: tree 'auto' = 'dynamic' (EAGLE-2), 'static' or 'chain'; N nodes =
-    `tree_nodes`, else the positions one forward evaluates for about the cost of one (`specdec probe`),
-    less the root, at least MIN_NODES (for a chain: its depth, at most DEPTH)."""
-    tree = "dynamic" if tree == "auto" else tree
-    if tree not in TREES:
-        raise SpecdecError(f"--tree {tree}: EAGLE drafts a dynamic (the default), static or chain tree")
+    """The EAGLE drafter for an `LLM`: tree 'auto' ('dynamic' when `tree_nodes` is given, else `auto_tree` of
+    the probe's budget), 'dynamic' (EAGLE-2), 'static' or 'chain'; N nodes = `tree_nodes`, else the positions
+    one forward evaluates for about the cost of one (`specdec probe`), less the root, at least MIN_NODES (for a
+    chain: its depth, at most DEPTH)."""
+    if tree != "auto" and tree not in TREES:
+        raise SpecdecError(f"--tree {tree}: EAGLE drafts an auto (the default), dynamic, static or chain tree")
     if tree_nodes is not None and tree_nodes < 1:
         raise SpecdecError(f"--tree-nodes must be at least 1, got {tree_nodes}")
     head = find_head(llm.name, llm.folder, llm.model.cfg, heads_dir)
+    if tree == "auto":
+        tree = "dynamic" if tree_nodes else auto_tree(llm.budget())  # a node count asks for a tree
     nodes = tree_nodes or (DEPTH if tree == "chain" else max(llm.budget() - 1, MIN_NODES))
     alpha = (head.cfg.training.get("val") or {}).get("alpha") or [0.6]  # validation alpha per depth (training)
     path = None
