@@ -159,7 +159,7 @@ def test_markdown_table_and_outputs(tmp_path):
     assert "specdec bench --x" in md and "torch" in md and "GREEDY MISMATCH x" in md and table in md
     flags = meta["machine"]["cpu_flags"]  # every figure names the CPU features that chose its matmul paths
     assert set(flags) <= set(report.MATMUL_FLAGS) and (" ".join(flags) or "no AVX2") in md
-    assert "dtype: float32, matmul path avx512bf16;" in md  # and the path the model ran on
+    assert "dtype: float32, matmul path avx512bf16; prompts: p.jsonl (3 prompts, 3 turns, limit 2" in md
     assert json.loads(paths["json"].read_text())["summary"][0]["method"] == "plain"
     assert paths["png"].read_bytes()[:4] == b"\x89PNG"
 

@@ -23,7 +23,6 @@ Fairness rules, the same for every method:
 from __future__ import annotations
 
 import copy
-
 import sys
 import time
 from dataclasses import dataclass, field

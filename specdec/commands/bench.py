@@ -42,6 +42,8 @@ def register(sub) -> None:
                    help="draft model for method 'draft' and for hf-assisted (same tokenizer as the target)")
     p.add_argument("--datastore", metavar="DIR", default=None,
                    help="datastore for method 'retrieval' (default: the model's ShareGPT datastore)")
+    p.add_argument("--sources", default="prompt-lookup,draft", metavar="A,B",
+                   help="ordered drafters for method 'hybrid' (default prompt-lookup,draft), e.g. prompt-lookup,eagle")
     p.add_argument("--methods", default="plain,prompt-lookup",
                    help="comma-separated methods from specdec.api.METHODS; plain is added when missing "
                         "(default: plain,prompt-lookup). medusa and eagle may name a tree after '@' to race "
@@ -95,6 +97,8 @@ def command_line(args) -> str:
         parts += ["--draft", args.draft]
     if getattr(args, "datastore", None):
         parts += ["--datastore", args.datastore]
+    if getattr(args, "sources", "prompt-lookup,draft") != "prompt-lookup,draft":
+        parts += ["--sources", args.sources]
     parts += ["--methods", args.methods, "--prompts", args.prompts]
     if args.categories:
         parts += ["--categories", args.categories]
@@ -132,7 +136,7 @@ def run(args) -> int:
         raise ValueError("--compare-hf and --compare-llamacpp run on the CPU: drop them or use --device cpu")
     methods = runner.parse_methods(args.methods)
     for method in methods:
-        check_setup(draft=args.draft, lookahead=lookahead_arg(args), method=method.split("@")[0])
+        check_setup(draft=args.draft, sources=args.sources, lookahead=lookahead_arg(args), method=method.split("@")[0])
     report.check_out(args.out)
     cats = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     prompts = P.load_prompts(args.prompts, cats, args.limit)
@@ -145,7 +149,7 @@ def run(args) -> int:
     from specdec.commands.generate import medusa_kwargs
 
     llm = LLM(args.model, dtype=args.dtype, device=args.device, draft=args.draft, datastore=args.datastore,
-              lookahead=lookahead_arg(args), **medusa_kwargs(args))
+              sources=args.sources, lookahead=lookahead_arg(args), **medusa_kwargs(args))
     dtype = str(llm.dtype).replace("torch.", "")
     settings = runner.BenchSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                     top_p=args.top_p, k=args.k, seed=args.seed)
