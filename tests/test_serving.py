@@ -383,26 +383,34 @@ def test_the_steps_overhead_makes_a_draft_relatively_cheaper():
 
 
 def test_mode_picker_runs_the_arm_with_the_most_tokens_per_second():
-    """Each arm is tried `warmup` times per batch size, then the fastest runs, the others one step in
-    `explore` in turn; a later change of the rates moves the choice; batch sizes are kept apart."""
+    """Each arm is tried `warmup` times per batch-size bucket, then the fastest runs (the model's grants
+    unless another is more than `margin` faster), the others one step in `explore` in turn; a later change
+    of the rates moves the choice; buckets are kept apart."""
     from specdec.serving.scheduler import ARMS, ModePicker
 
     rate = {"model": 290.0, "never": 306.0, "always": 297.0}
-    p = ModePicker(explore=8, warmup=2)
-    picks = []
-    for _ in range(64):
-        arm = p.choose(8)
-        picks.append(arm)
-        p.record(8, arm, tokens=8, seconds=8 / rate[arm])
+    p = ModePicker(explore=8, warmup=2, margin=0.03)
+
+    def run(batch, steps):
+        picks = []
+        for _ in range(steps):
+            arm = p.choose(batch)
+            picks.append(arm)
+            p.record(batch, arm, tokens=8, seconds=8 / rate[arm])
+        return picks
+
+    picks = run(8, 64)
     assert picks[:6] == ["model", "model", "never", "never", "always", "always"]
     rest = picks[6:]
-    assert rest.count("never") == len(rest) - sum(1 for i in range(7, 65) if i % 8 == 0)
-    assert {a for i, a in enumerate(rest, 7) if i % 8 == 0} == {"model", "always"}  # explored in turn
-    assert p.choose(16) == "model"  # another batch size starts over
+    explored = [a for i, a in enumerate(rest, 7) if i % 8 == 0]
+    assert set(explored) == {"model", "always"} and rest.count("never") == len(rest) - len(explored)
+    assert [p.bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
+    assert p.choose(7) == "never"  # 5-8 share a bucket
+    assert p.choose(16) == "model"  # another bucket starts over
+    rate["never"] = 295.0  # within 3% of the model's grants: the model's grants run
+    run(8, 100)
+    assert p.choose(8) == "model"
     rate["always"] = 400.0  # the load changed: exploration sees it and the choice follows
-    for _ in range(200):
-        arm = p.choose(8)
-        p.record(8, arm, tokens=8, seconds=8 / rate[arm])
+    run(8, 200)
     assert p.choose(8) == "always"
     assert set(ARMS) == {"model", "never", "always"}
-

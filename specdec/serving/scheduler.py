@@ -31,12 +31,13 @@ Modes: auto (the above), always (every ask granted: speculation ignoring the loa
 **Measured, not only modelled** (`ModePicker`, auto with a cost curve). The curve is a single request's
 forward; a packed step over B requests also pays per request (attention over each cache, verification,
 streaming), so the model can misjudge where speculation stops paying, and on this CPU it did: at 8 and 16
-SmolLM2 requests auto made fewer tokens per second than both always and never. So auto keeps, per batch
-size B, the tokens and seconds of its recent plain-free steps (no prefill) under three arms: the model's
-grants ("model"), none ("never") and every ask ("always"), and runs the arm with the most tokens per second,
-trying the other two every `explore`-th step at that B (each first `warmup` times). It converges to the best
+SmolLM2 requests auto made fewer tokens per second than both always and never. So auto keeps, per batch size
+(in buckets 1, 2, 3-4, 5-8, ...), the tokens and seconds of its recent steps (less a prefill's share of the
+forward, by positions) under three arms: the model's grants ("model"), none ("never") and every ask
+("always"). It runs the model's grants unless another arm has measured more than 3% more tokens per second,
+and tries the other two in turn one step in `explore` (each first `warmup` times). It converges to the best
 of the three at every load, paying the exploration steps.
-Example: at B = 8, model 290 tok/s, never 306, always 297 -> never runs, 7 steps of 8.
+Example: at B = 8, model 290 tok/s, never 306, always 297 -> never runs, 15 steps of 16.
 """
 
 from __future__ import annotations
@@ -112,31 +113,41 @@ def grant(asks: list[Ask], batch: int, prefill: int = 0, mode: str = "auto", bud
 
 
 class ModePicker:
-    """Auto's choice among `ARMS` per batch size, by measured tokens per second (module docstring)."""
+    """Auto's choice among `ARMS` per batch-size bucket, by measured tokens per second (module docstring)."""
 
-    def __init__(self, explore: int = 8, warmup: int = 3, weight: float = 0.1):
-        self.explore, self.warmup, self.weight = explore, warmup, weight
-        self.seen: dict[tuple[int, str], list[float]] = {}  # (B, arm) -> [steps, tokens, seconds] (running means)
+    def __init__(self, explore: int = 16, warmup: int = 2, margin: float = 0.03, weight: float = 0.1):
+        self.explore, self.warmup, self.margin, self.weight = explore, warmup, margin, weight
+        self.seen: dict[tuple[int, str], list[float]] = {}  # (bucket, arm) -> [steps, tokens, seconds] (running means)
         self.steps: dict[int, int] = {}
 
-    def rate(self, batch: int, arm: str) -> float | None:
-        n, tokens, seconds = self.seen.get((batch, arm), (0, 0.0, 0.0))
-        return tokens / seconds if n and seconds > 0 else None
+    @staticmethod
+    def bucket(batch: int) -> int:
+        """Batch sizes share measurements in powers of two: 1, 2, 3-4, 5-8, 9-16, ... (the bucket's top)."""
+        return 1 << max(batch - 1, 0).bit_length()
+
+    def rate(self, batch: int, arm: str) -> float:
+        n, tokens, seconds = self.seen.get((self.bucket(batch), arm), (0, 0.0, 0.0))
+        return tokens / seconds if n and seconds > 0 else 0.0
 
     def choose(self, batch: int) -> str:
-        """The arm for a step over `batch` decoding requests."""
-        step = self.steps[batch] = self.steps.get(batch, 0) + 1
-        fresh = [a for a in ARMS if self.seen.get((batch, a), (0,))[0] < self.warmup]
+        """The arm for a step over `batch` decoding requests: "model" unless another measured more than
+        `margin` better (noise between near-equal arms does not flap the choice)."""
+        b = self.bucket(batch)
+        step = self.steps[b] = self.steps.get(b, 0) + 1
+        fresh = [a for a in ARMS if self.seen.get((b, a), (0,))[0] < self.warmup]
         if fresh:
             return fresh[0]
-        best = max(ARMS, key=lambda a: self.rate(batch, a) or 0.0)
+        best = max(ARMS, key=lambda a: self.rate(batch, a))
+        if self.rate(batch, best) <= (1 + self.margin) * self.rate(batch, "model"):
+            best = "model"
         if step % self.explore == 0:  # try the others in turn
             others = [a for a in ARMS if a != best]
             return others[(step // self.explore) % len(others)]
         return best
 
     def record(self, batch: int, arm: str, tokens: int, seconds: float) -> None:
-        """A finished step's committed tokens and time (steps with prefill left out by the caller)."""
-        n, t, s = self.seen.get((batch, arm), (0, 0.0, 0.0))
+        """A finished step's committed tokens and time (less any prefill's share: the caller's)."""
+        key = (self.bucket(batch), arm)
+        n, t, s = self.seen.get(key, (0, 0.0, 0.0))
         w = max(self.weight, 1.0 / (n + 1))  # plain means while few, then running means
-        self.seen[(batch, arm)] = [n + 1, t + w * (tokens - t), s + w * (seconds - s)]
+        self.seen[key] = [n + 1, t + w * (tokens - t), s + w * (seconds - s)]
