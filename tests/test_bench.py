@@ -217,6 +217,25 @@ def test_bench_end_to_end(tiny_llama, tmp_path, capsys):
     assert all(g > 0 for g in data["meta"]["machine"]["memory_gbs"])  # before and after the run
 
 
+def test_plain_in_other_dtypes_races_in_the_same_run(tiny_llama, tmp_path, capsys):
+    """--plain-dtypes: plain decoding of each other dtype as its own row, interleaved per turn, measured
+    against our plain and not held to its tokens; the benchmark's own dtype is refused."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "chat", "turns": ["Say hi."]}) + "\n")
+    base = ["bench", "--model", str(tiny_llama), "--methods", "plain", "--prompts", str(prompts), "--max-new-tokens",
+            "4", "--dtype", "fp32", "--no-progress"]
+    assert main(base + ["--plain-dtypes", "bf16", "--out", str(tmp_path / "o")]) == 0
+    data = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert data["meta"]["methods"] == ["plain", "plain-bf16"] and "--plain-dtypes bf16" in data["meta"]["command"]
+    rec = next(r for r in data["records"] if r["method"] == "plain-bf16")
+    assert rec["checked"] is False and rec["mismatch"] is None and rec["new_tokens"] > 0
+    row = next(r for r in data["summary"] if r["method"] == "plain-bf16")
+    assert row["speedup_vs_plain"] > 0 and row["checked"] is False
+    capsys.readouterr()
+    assert main(base + ["--plain-dtypes", "fp32", "--out", str(tmp_path / "p")]) == 2
+    assert "--plain-dtypes fp32: that is the benchmark's own dtype" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--methods", "plain,warp"], "unknown method 'warp'"),
     (["--limit", "0"], "--limit must be at least 1"),
@@ -250,7 +269,8 @@ def test_bad_out_and_options_refused_before_running(tiny_llama, tmp_path, capsys
                           (["--out", str(tmp_path / "dir")], "is a folder"),
                           (["--out", str(tmp_path / "o"), "--seed", str(2**64)], "2**64-1"),
                           (["--out", str(tmp_path / "o"), "--temperature", "-1"], "temperature"),
-                          (["--out", str(tmp_path / "o"), "--methods", "draft"], "--draft")]:
+                          (["--out", str(tmp_path / "o"), "--methods", "draft"], "--draft"),
+                          (["--out", str(tmp_path / "o"), "--plain-dtypes", "bf16,fp16"], "--plain-dtypes fp16")]:
         assert main(base + argv) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, (argv, err)

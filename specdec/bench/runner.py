@@ -108,12 +108,12 @@ def _record(method: str, ids: Sequence[int], new_ids: list[int], seconds: float,
 
 
 class OurMethod:
-    """One of our methods through `LLM.generate` on prompt token ids."""
+    """One of our methods through `LLM.generate` on prompt token ids (`checked`: held to plain's tokens)."""
 
     hf = False
 
-    def __init__(self, llm, method: str, settings: BenchSettings):
-        self.llm, self.name, self.settings = llm, method, settings
+    def __init__(self, llm, method: str, settings: BenchSettings, name: str | None = None, checked: bool = True):
+        self.llm, self.name, self.settings, self.checked = llm, name or method, settings, checked
         self.method, _, tree = method.partition("@")
         if tree:  # the same loaded model, its own drafter for this tree
             self.llm = copy.copy(llm)

@@ -70,6 +70,10 @@ def register(sub) -> None:
                    "--compare-llamacpp run on cpu only)")
     add_lookahead_args(p)
     add_medusa_args(p, acceptance=False)  # benchmarks verify exactly
+    p.add_argument("--plain-dtypes", default=None, metavar="D,D",
+                   help="also time our plain decoding in these dtypes, each its own loaded model, interleaved "
+                        "with the rest (rows plain-D; not checked against plain's tokens: other weights), "
+                        "e.g. --dtype q4 --plain-dtypes bf16,q8")
     p.add_argument("--compare-hf", action="store_true",
                    help="also run transformers' generate: hf-plain, hf-assisted (with --draft), hf-prompt-lookup")
     p.add_argument("--compare-llamacpp", action="store_true",
@@ -111,6 +115,8 @@ def command_line(args) -> str:
     for flag in ("heads", "tree", "tree_nodes"):
         if getattr(args, flag, None) not in (None, "auto"):
             parts += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+    if getattr(args, "plain_dtypes", None):
+        parts += ["--plain-dtypes", args.plain_dtypes]
     if args.compare_hf:
         parts.append("--compare-hf")
     if args.compare_llamacpp:
@@ -123,7 +129,7 @@ def command_line(args) -> str:
 def run(args) -> int:
     from specdec.bench import prompts as P
     from specdec.bench import report, runner
-    from specdec.commands.generate import lookahead_arg
+    from specdec.commands.generate import DTYPES, lookahead_arg
     from specdec.options import GenerationOptions, check_setup
 
     if args.limit is not None and args.limit < 1:
@@ -135,6 +141,10 @@ def run(args) -> int:
     if args.device != "cpu" and (args.compare_hf or args.compare_llamacpp):
         raise ValueError("--compare-hf and --compare-llamacpp run on the CPU: drop them or use --device cpu")
     methods = runner.parse_methods(args.methods)
+    plain_dtypes = [d.strip() for d in (args.plain_dtypes or "").split(",") if d.strip()]
+    bad = [d for d in plain_dtypes if d not in DTYPES]
+    if bad:
+        raise ValueError(f"--plain-dtypes {','.join(bad)}: choose from {', '.join(DTYPES)}")
     for method in methods:
         check_setup(draft=args.draft, sources=args.sources, lookahead=lookahead_arg(args), method=method.split("@")[0])
     report.check_out(args.out)
@@ -154,6 +164,11 @@ def run(args) -> int:
     settings = runner.BenchSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                     top_p=args.top_p, k=args.k, seed=args.seed)
     runners = runner.our_methods(llm, methods, settings)
+    for d in plain_dtypes:
+        other = LLM(args.model, dtype=d, device=args.device)
+        if other.dtype == llm.dtype:
+            raise ValueError(f"--plain-dtypes {d}: that is the benchmark's own dtype ({dtype}); name another")
+        runners.append(runner.OurMethod(other, "plain", settings, name=f"plain-{d}", checked=False))
     if args.compare_hf:
         runners += runner.hf_methods(llm, settings, args.draft)
     if args.compare_llamacpp:
