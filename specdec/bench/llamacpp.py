@@ -48,7 +48,7 @@ def gguf_for(folder: Path, explicit: str | None = None) -> Path:
         return kept / f"{name}.gguf"
     if (Path(folder) / MARKER).is_file():  # converted by the store: its source can be found or fetched
         kept.mkdir(parents=True, exist_ok=True)
-    found = source_gguf(Path(folder), kept)
+    found = source_gguf(Path(folder), kept, why="for llama.cpp")
     if found is None:
         raise SpecdecError(f"{folder} was not converted from a GGUF that can be found again: pass "
                            f"--llamacpp-gguf FILE (the model's GGUF)")

