@@ -145,6 +145,7 @@ def test_sse_framing(tiny, live):
     ({"max_tokens": 0}, "max_tokens"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"speculation": {"method": "draft"}}, "method"),
+    ({"speculation": {"method": "eagle"}}, "no EAGLE head"),  # the tiny model has none: a 400, not an error event
     ({"priority": "vip"}, "priority"),
     ({"prompt": [999999]}, "token ids"),
 ])
@@ -310,3 +311,13 @@ def test_serve_refuses_bad_flags_in_one_line(argv, words, capsys):
     assert main(["serve", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and err.startswith("specdec serve: error:") and "\n" not in err
+
+
+def test_serve_method_eagle_without_a_head_is_refused_in_one_line(tiny, capsys, monkeypatch, tmp_path):
+    """`specdec serve --method eagle` on a model with no EAGLE head stops before serving, saying how to get one."""
+    from specdec.cli import main
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    assert main(["serve", "--model", tiny[0], "--dtype", "fp32", "--budget", "4", "--method", "eagle"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("specdec serve: error:") and "specdec train eagle" in err

@@ -359,9 +359,9 @@ def test_exact_models_cut_prompts_anywhere_with_the_same_output(model, tmp_path,
     prefilled = []  # prompt positions per step
     real = engine_module.packed_forward
 
-    def spy(m, segments):
+    def spy(m, segments, layers=()):
         prefilled.append(sum(len(s) for s in segments if not s.logits))
-        return real(m, segments)
+        return real(m, segments, layers)
     monkeypatch.setattr(engine_module, "packed_forward", spy)
     engine = Engine(model, tok, budget=6, speculation="always", max_batch=3, prefill_chunk=5)
     assert engine.cut_anywhere
@@ -414,3 +414,50 @@ def test_mode_picker_runs_the_arm_with_the_most_tokens_per_second():
     run(8, 200)
     assert p.choose(8) == "always"
     assert set(ARMS) == {"model", "never", "always"}
+
+
+# --- EAGLE in the server ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tree", ["chain", "dynamic"])
+def test_engine_eagle_drafts_as_decode_does(tiny, tiny_folder, tree):
+    """EAGLE through the engine: each request's head cache is fed the target's features from its prefill
+    pieces (cut at 5 positions here) and from every verify pass (root and accepted path), so with a fixed k
+    it proposes exactly the drafts single-request decode() proposes, and its greedy output equals plain
+    decoding's. A feature row off by one position, or a piece's rows left out, changes the drafts."""
+    from specdec.drafters.eagle import Eagle
+    from tests.test_eagle import random_head
+
+    model, tok = tiny
+    template = Eagle(random_head(model, tiny_folder), model.embed, tree=tree, nodes=6)
+    logs = []
+
+    def recording():
+        d, log = template.fresh(), []
+        logs.append(log)
+        propose = d.propose
+        d.propose = lambda ctx, k: log.append(propose(ctx, k)) or log[-1]
+        return d
+
+    ids = [tok.encode(p, chat=False) for p in PROMPTS]
+    refs = []
+    for i in ids:
+        d = recording()
+        refs.append((reference(model, tok, i, 24, d, FixedK(3)), logs.pop()))
+    engine = Engine(model, tok, budget=100, speculation="always", max_batch=3, prefill_chunk=5,
+                    drafters={"eagle": recording})
+    assert engine.methods == ("plain", "prompt-lookup", "eagle")
+    jobs = [Job(i, Request(max_new_tokens=24), method="eagle", k=3) for i in ids]
+    events = run_engine(engine, jobs)
+    assert len(logs) == len(jobs)  # one drafter per request, in admission order
+    for job, (ref, ref_drafts), drafts in zip(jobs, refs, logs):
+        assert [t for e in events[job.id] for t in e.tokens] == ref.token_ids == plain(model, tok, job)
+        assert [(d.tokens.tolist(), d.parents.tolist()) for d in drafts] == \
+               [(d.tokens.tolist(), d.parents.tolist()) for d in ref_drafts]
+    assert sum(len(d) for log in logs for d in log) > 0
+    engine.sources.pop("eagle")  # a server without a head refuses the method with a clear error
+    with pytest.raises(SpecdecError, match="no EAGLE head"):
+        engine.submit(Job(ids[0], Request(max_new_tokens=4), method="eagle"))
+
+
+def plain(model, tok, job):
+    return reference(model, tok, job.prompt_ids, job.request.max_new_tokens).token_ids

@@ -43,13 +43,15 @@ def register(sub) -> None:
     p.add_argument("--url", default=None, help="a running server, e.g. http://127.0.0.1:8000 (loopback only)")
     p.add_argument("--serve", type=modes_arg, default=None, metavar="MODES",
                    help="instead of --url: start `specdec serve --speculation MODE` for each of these modes "
-                        "(e.g. auto,always,never) with --model, --dtype, --budget and --max-batch")
+                        "(e.g. auto,always,never) with --model, --dtype, --budget, --max-batch and --method")
     p.add_argument("--model", default=None,
                    help="model name to request (default: the server's; with --serve: the model to serve, "
                         "default smollm2-135m)")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="with --serve: the weights' dtype")
     p.add_argument("--budget", default="auto", help="with --serve: the servers' --budget (default auto: the probe's)")
     p.add_argument("--max-batch", type=int, default=16, help="with --serve: the servers' --max-batch (default 16)")
+    p.add_argument("--method", default="prompt-lookup", choices=["prompt-lookup", "eagle"],
+                   help="with --serve: the servers' --method, the drafter of speculating requests (default prompt-lookup)")
     p.add_argument("--concurrency", type=levels_arg, default=[1, 2, 4, 8], metavar="C,C,...",
                    help="concurrency levels (default 1,2,4,8)")
     p.add_argument("--requests", type=int, default=16, metavar="N", help="requests per level (default 16)")
@@ -77,7 +79,8 @@ def start_server(args, mode: str) -> tuple[subprocess.Popen, str]:
 
     port = free_port()
     cmd = [sys.executable, "-m", "specdec.cli", "serve", "--model", args.model, "--dtype", args.dtype,
-           "--port", str(port), "--speculation", mode, "--budget", str(args.budget), "--max-batch", str(args.max_batch)]
+           "--port", str(port), "--speculation", mode, "--budget", str(args.budget), "--max-batch", str(args.max_batch),
+           "--method", args.method]
     proc = subprocess.Popen(cmd)
     url, end = f"http://127.0.0.1:{port}", time.time() + 900
     while time.time() < end:
@@ -135,7 +138,8 @@ def run(args) -> int:
                     proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-    title = f"Load test: {args.model}, {args.prompts}, {args.requests} requests per level, max_tokens {args.max_tokens}"
+    title = (f"Load test: {args.model}, {args.prompts}, {args.requests} requests per level, max_tokens {args.max_tokens}"
+             + (f", drafter {args.method}" if args.serve else ""))
     text = markdown(levels, title)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

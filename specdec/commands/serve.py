@@ -23,9 +23,13 @@ def register(sub) -> None:
     p.add_argument("--speculation", default="auto", choices=["auto", "always", "never"],
                    help="auto (default): speculate only where it pays at the current load, by priority; always: every "
                         "request drafts its adaptive k whatever the load; never: plain batched decoding")
-    p.add_argument("--method", default="prompt-lookup", choices=["prompt-lookup", "plain"],
+    p.add_argument("--method", default="prompt-lookup", choices=["prompt-lookup", "eagle", "plain"],
                    help="drafter for requests that speculate (default prompt-lookup; a request's "
-                        "`speculation` field may choose another)")
+                        "`speculation` field may choose another). eagle: the model's EAGLE head (shipped for "
+                        "smollm2-135m, else `specdec train eagle` or --heads), loaded once, a head cache per "
+                        "request; offered to requests whenever the model has a head")
+    p.add_argument("--heads", default=None, metavar="DIR",
+                   help="EAGLE head folder (default: the one trained or shipped for --model)")
     p.add_argument("--max-batch", type=int, default=8, help="requests running at once; more wait (default 8)")
     p.add_argument("--budget", default="auto", metavar="N|auto",
                    help="what speculation may spend: auto (default) = the forward-cost curve `specdec probe` "
@@ -70,13 +74,20 @@ def run(args) -> int:
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in [0, 65535], got {args.port}")
     budget = budget_arg(args.budget)
-    llm = LLM(args.model, dtype=args.dtype)
+    llm = LLM(args.model, dtype=args.dtype, heads=args.heads)
+    drafters = {}
+    try:
+        drafters["eagle"] = llm.drafter("eagle").fresh  # one head for the server, a head cache per request
+    except SpecdecError:
+        if args.method == "eagle" or args.heads:
+            raise
     engine = Engine(llm.model, llm.tokenizer, budget=budget, cost=llm.cost_curve(measure=budget is None),
-                    speculation=args.speculation, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk)
+                    speculation=args.speculation, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
+                    drafters=drafters)
     app = create_app(engine, args.model, method=args.method, api_key=args.api_key)
     spend = "the measured cost curve" if budget is None else f"a budget of {budget:g} positions"
     print(f"specdec serve: {args.model} on http://{args.host}:{args.port} (speculation {args.speculation} within "
-          f"{spend}, method {args.method}, max batch {args.max_batch}"
+          f"{spend}, method {args.method}; methods {', '.join(engine.methods)}; max batch {args.max_batch}"
           + (", API key required" if args.api_key else "") + "); Ctrl-C stops", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     return 0

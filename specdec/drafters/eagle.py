@@ -29,6 +29,8 @@ vocabulary, 0 for tokens outside it, which are never drafted.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from specdec.draft import Draft
@@ -105,6 +107,13 @@ class Eagle(Drafter):
         if self.cache is not None:
             self.cache.reset()
         self.root = None
+
+    def fresh(self) -> "Eagle":
+        """Another request's drafter on the same head and settings (the server's, one per request): its own
+        head cache and root, the head's weights shared."""
+        other = copy.copy(self)
+        other.cache, other.root, other.stale = None, None, False
+        return other
 
     @torch.inference_mode()
     def _emb(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -8,14 +8,14 @@
     GET  /dashboard             a live page of those signals (static/dashboard.html reads /metrics)
 
 Sampling fields: max_tokens, temperature (OpenAI's default 1; 0 = greedy), top_p, top_k, min_p, seed, stop
-(a string or up to 4), n = 1, stream, stream_options.include_usage; every response carries `usage`.
-Two extra fields: `speculation` (true/"auto"/"on": the server's method with adaptive k; false/"off": plain
-steps; or {"method": "prompt-lookup", "k": 4 | "auto"}) and `priority` ("interactive", the default, or
-"batch": served speculation headroom after every interactive request). An unknown field, a bad value, an
-unknown model, malformed JSON or a prompt that does not fit the context gets a 400 with an OpenAI-style
-body {"error": {"message", "type", "param", "code"}}. With an API key, /v1/* needs
-"Authorization: Bearer KEY". A client that disconnects cancels its request; the engine frees the slot at
-its next step.
+(a string or up to 4), n = 1, stream, stream_options.include_usage; every response carries `usage`. Two
+extra fields: `speculation` (true/"auto"/"on": the server's method with adaptive k; false/"off": plain
+steps; or {"method": "prompt-lookup" | "eagle" | "plain" (default: the server's), "k": 4 | "auto"}) and
+`priority` ("interactive", the default, or "batch": served speculation headroom after every interactive
+request). An unknown field, a bad value, an unknown model, malformed JSON or a prompt that does not fit the
+context gets a 400 with an OpenAI-style body {"error": {"message", "type", "param", "code"}}. With an API
+key, /v1/* needs "Authorization: Bearer KEY". A client that disconnects cancels its request; the engine
+frees the slot at its next step.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Body(BaseModel):
 
 
 class Speculation(Body):
-    method: str = "prompt-lookup"
+    method: str | None = None  # None: the server's --method
     k: int | Literal["auto"] = "auto"
 
 
@@ -145,7 +145,7 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
             raise SpecdecError(f"model {body.model!r} is not served here; this server runs {model_name!r}")
         spec = body.speculation
         if isinstance(spec, Speculation):
-            how = (spec.method, spec.k)
+            how = (spec.method or method, spec.k)
         else:
             how = (method, "auto") if spec in (True, "auto", "on") else ("plain", "auto")
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])

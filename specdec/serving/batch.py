@@ -34,6 +34,8 @@ class Segment:
     offsets: torch.Tensor | None = None  # [n] positions after cache.length (None: 0..n-1)
     local: torch.Tensor | None = None   # [n, n] bool mask among the new positions (None: causal)
     logits: bool = True                 # False: a prefill chunk, no LM head
+    features: bool = False              # True: `hidden` gets the new positions' outputs of the asked layers
+    hidden: torch.Tensor | None = None  # [n, len(layers) * D], set by `packed_forward` (EAGLE's features)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -51,9 +53,11 @@ def _plan(model: Transformer, s: Segment, start: int):
 
 
 @torch.inference_mode()
-def packed_forward(model: Transformer, segments: list[Segment]) -> list[torch.Tensor | None]:
+def packed_forward(model: Transformer, segments: list[Segment], layers: tuple[int, ...] = ()) -> list[torch.Tensor | None]:
     """Run one forward over all segments; returns each segment's logits [n, V] (None when not asked)
-    and advances each segment's cache by its n."""
+    and advances each segment's cache by its n. A segment with `features` gets in `hidden` the outputs of
+    decoder `layers` at its positions, concatenated in that order (what `Transformer.forward` returns as
+    `hidden[l]`): the features an EAGLE drafter reads."""
     starts = [s.cache.length for s in segments]
     for s, start in zip(segments, starts):
         if not len(s):
@@ -70,6 +74,8 @@ def packed_forward(model: Transformer, segments: list[Segment]) -> list[torch.Te
         end += len(s)
     x = model.embed(torch.tensor([[t for s in segments for t in s.tokens]]))  # [1, N, D]
     plans = [_plan(model, s, start) for s, start in zip(segments, starts)]
+    wanted = set(layers) if any(s.features for s in segments) else set()
+    kept: dict[int, torch.Tensor] = {}
     for layer, block in enumerate(model.layers):
         qkv = block.qkv(block.input_norm(x))
         outs = [block.attend(qkv[:, a:b].contiguous(), cos, sin, s.cache, layer, start, mask, plan).reshape(1, b - a, -1)
@@ -77,8 +83,12 @@ def packed_forward(model: Transformer, segments: list[Segment]) -> list[torch.Te
         x = x + block.o(torch.cat(outs, dim=1))
         gate, up = block.gate_up(block.post_norm(x)).chunk(2, dim=-1)
         x = x + block.down(F.silu(gate) * up)
-    for s, start in zip(segments, starts):
+        if layer in wanted:
+            kept[layer] = x[0]
+    for s, start, (a, b) in zip(segments, starts, bounds):
         s.cache.length = start + len(s)
+        if s.features and kept:
+            s.hidden = torch.cat([kept[i][a:b] for i in layers], dim=-1)
     rows = [i for s, (a, b) in zip(segments, bounds) if s.logits for i in range(a, b)]
     if not rows:
         return [None] * len(segments)

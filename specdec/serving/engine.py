@@ -10,7 +10,8 @@ Every step, for all running requests at once:
              (`prefill_spans`, so the KV cache holds the same bits), whole while they fit, at least one
     grant:   each decoding request's k from the scheduler (its own alpha and tau, B, priority, and the
              budget line or the measured cost curve)
-    draft:   each decoding request proposes up to its k tokens
+    draft:   each decoding request proposes up to its k tokens (prompt lookup, or EAGLE: a head per server,
+             a head cache per request, fed the target's features from the prefill pieces and each verify)
     forward: ONE packed target pass over every request's positions (`serving.batch.packed_forward`)
     verify:  per request, exactly as `decode()` does (`specdec.round`): verify, rewind or compact its
              own cache, commit tokens through its stopper, feed back alpha and tau; emit the new text
@@ -39,7 +40,8 @@ from specdec import round as rnd
 from specdec.adaptive import AdaptiveK, CostCurve, FixedK, choose_k
 from specdec.decode import Request, Stopper, check_context, target_probs
 from specdec.draft import Draft
-from specdec.drafters.base import Context
+from specdec.drafters.base import Context, Drafter
+from specdec.drafters.prompt_lookup import PromptLookup
 from specdec.errors import SpecdecError
 from specdec.runtime.kernels import attention
 from specdec.runtime.model import Transformer, prefill_spans
@@ -50,7 +52,7 @@ from specdec.serving.metrics import Metrics
 from specdec.tokenizer import Tokenizer
 from specdec.verify import verify
 
-METHODS = ("plain", "prompt-lookup")  # drafters that keep all their state per request
+METHODS = ("plain", "prompt-lookup", "eagle")  # what a server may draft with (eagle: where it has a head)
 _ids = itertools.count(1)
 
 
@@ -90,8 +92,10 @@ class Slot:
         self.job = job
         self.drafter = engine.new_drafter(job.method)
         self.policy = engine.new_policy(job, self.drafter.name) if self.drafter else None
-        room = getattr(self.policy, "k_max", getattr(self.policy, "k", 0))
+        self.features = tuple(getattr(self.drafter, "wants_hidden_layers", ()))  # EAGLE: the target's layers
         n = len(job.prompt_ids)
+        deepest = min(getattr(self.policy, "k_max", getattr(self.policy, "k", 0)), job.request.max_new_tokens - 1)
+        room = self.drafter.room(deepest) if self.drafter else 0
         self.cache = engine.model.new_cache(n + job.request.max_new_tokens + room + 1)
         self.gen = make_generator(job.request.sampling.seed)
         self.ctx = Context(tokens=list(job.prompt_ids), prompt_len=n, sampling=job.request.sampling,
@@ -111,14 +115,21 @@ OVERHEAD_WEIGHT = 0.1  # running-average weight of each step's measured overhead
 class Engine:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, budget: float | None = None,
                  cost: CostCurve | None = None, speculation: str = "auto", max_batch: int = 8,
-                 prefill_chunk: int = 128, metrics: Metrics | None = None):
+                 prefill_chunk: int = 128, metrics: Metrics | None = None,
+                 drafters: dict[str, Callable[[], Drafter]] | None = None):
         """`budget`: the lesson's budget line in positions; None: the measured `cost` curve decides what
-        pays (`specdec.serving.scheduler`). `cost` also prices each request's own adaptive k."""
+        pays (`specdec.serving.scheduler`). `cost` also prices each request's own adaptive k. `drafters`:
+        more methods than prompt lookup, each a factory of one request's drafter (e.g. "eagle":
+        `Eagle.fresh` of a built one)."""
         if speculation not in scheduler.MODES:
             raise SpecdecError(f"--speculation must be one of {', '.join(scheduler.MODES)}, got {speculation!r}")
         if max_batch < 1 or prefill_chunk < 1 or (budget is not None and not budget > 0):
             raise SpecdecError("max batch, prefill chunk and budget must be positive")
         self.model, self.tokenizer = model, tokenizer
+        self.sources: dict[str, Callable[[], Drafter]] = {"prompt-lookup": PromptLookup, **(drafters or {})}
+        unknown = set(self.sources) - set(METHODS)
+        if unknown:
+            raise SpecdecError(f"the server cannot draft with {', '.join(sorted(unknown))}")
         self.budget, self.cost = budget, cost or CostCurve()
         self.line = budget if budget is not None else scheduler.line_of(self.cost)  # for "steps past the budget"
         self.curve = scheduler.extend(self.cost)  # the cost of any number of positions, in one-position forwards
@@ -134,14 +145,16 @@ class Engine:
         self.wake = threading.Event()
 
     # --- requests ------------------------------------------------------------------------------
-    def new_drafter(self, method: str):
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return ("plain", *self.sources)
+
+    def new_drafter(self, method: str) -> Drafter | None:
         if method == "plain":
             return None
-        if method == "prompt-lookup":
-            from specdec.drafters.prompt_lookup import PromptLookup
-
-            return PromptLookup()
-        raise SpecdecError(f"the server drafts with one of {', '.join(METHODS)}, not {method!r}")
+        if method not in self.sources:
+            raise SpecdecError(f"this server drafts with one of {', '.join(self.methods)}, not {method!r}")
+        return self.sources[method]()
 
     def new_policy(self, job: Job, drafter: str):
         """A request's k policy. Adaptive k starts from the alpha this server has realized for its drafter and
@@ -157,8 +170,9 @@ class Engine:
         if not job.prompt_ids:
             raise SpecdecError("the prompt is empty")
         check_context(self.model, len(job.prompt_ids), job.request.max_new_tokens)
-        if job.method not in METHODS:
-            raise SpecdecError(f"speculation method must be one of {', '.join(METHODS)}, got {job.method!r}")
+        if job.method not in self.methods:
+            raise SpecdecError(f"speculation method must be one of {', '.join(self.methods)}, got {job.method!r}"
+                               + (" (this server has no EAGLE head for its model)" if job.method in METHODS else ""))
         if job.priority not in scheduler.PRIORITIES:
             raise SpecdecError(f"priority must be one of {', '.join(scheduler.PRIORITIES)}, got {job.priority!r}")
         if job.k != "auto" and (isinstance(job.k, bool) or not isinstance(job.k, int) or not 0 <= job.k <= 32):
@@ -220,7 +234,8 @@ class Engine:
                     end = min(end, slot.prefilled + left)
                 elif end - slot.prefilled > left and segments:
                     break
-                segments.append(Segment(slot.cache, slot.job.prompt_ids[slot.prefilled:end], logits=False))
+                segments.append(Segment(slot.cache, slot.job.prompt_ids[slot.prefilled:end], logits=False,
+                                        features=bool(slot.features)))
                 prefills.append((slot, end))
                 left -= end - slot.prefilled
         grants = self._grants(decoding, self.prefill_chunk - left)
@@ -232,15 +247,19 @@ class Engine:
                 raise RuntimeError(f"{slot.drafter.name} proposed a draft {draft.depth} tokens deep for k = {k}")
             offsets, local = rnd.layout(draft)
             extra = draft.aux.tokens.tolist() if rnd.aux_len(draft) else []
-            segments.append(Segment(slot.cache, [slot.ctx.tokens[-1]] + draft.tokens.tolist() + extra, offsets, local))
+            segments.append(Segment(slot.cache, [slot.ctx.tokens[-1]] + draft.tokens.tolist() + extra, offsets, local,
+                                    features=bool(slot.features)))
             rounds.append((slot, k, draft))
         td = time.perf_counter()
-        logits = packed_forward(self.model, segments)[len(prefills):]
+        layers = next((s.features for s in self.running if s.features), ())  # one model, one head: the same layers
+        logits = packed_forward(self.model, segments, layers)[len(prefills):]
         tv = time.perf_counter()
-        for slot, end in prefills:
+        for (slot, end), seg in zip(prefills, segments):
             slot.prefilled = end
-        committed = sum(self._verify(slot, k, draft, lg, td - t0, tv - td)
-                        for (slot, k, draft), lg in zip(rounds, logits))
+            if seg.hidden is not None:  # the prompt positions' features (all but the last: the first root)
+                slot.ctx.features.append(seg.hidden)
+        committed = sum(self._verify(slot, k, draft, lg, seg.hidden, td - t0, tv - td)
+                        for (slot, k, draft), lg, seg in zip(rounds, logits, segments[len(prefills):]))
         self.running = [s for s in self.running if s.stopper.finish_reason is None]
         positions, seconds = sum(len(s) for s in segments), time.perf_counter() - t0
         if self.picker is not None and decoding:  # a prefill's share of the forward is not the arm's
@@ -272,12 +291,15 @@ class Engine:
             self.metrics.granted(a.priority, grants[a.name])
         return grants
 
-    def _verify(self, slot: Slot, k: int, draft: Draft, logits: torch.Tensor, draft_s: float,
-                target_s: float) -> int:
-        """One request's half of the round after the shared forward; returns the tokens it committed."""
+    def _verify(self, slot: Slot, k: int, draft: Draft, logits: torch.Tensor, hidden: torch.Tensor | None,
+                draft_s: float, target_s: float) -> int:
+        """One request's half of the round after the shared forward; returns the tokens it committed.
+        `hidden`: the round's features (EAGLE), of which the root's and the accepted path's are kept."""
         sampling, n = slot.job.request.sampling, len(draft)
         result = verify(draft, target_probs(logits[:1 + n], sampling), slot.gen,
                         "greedy" if sampling.greedy else "exact", validate=False)
+        if hidden is not None:
+            slot.ctx.features.append(hidden[[0] + [i + 1 for i in result.path]])
         rnd.settle(slot.cache, draft, result)
         emitted = result.tokens.tolist()
         committed, done = rnd.commit(slot.stopper, emitted)
