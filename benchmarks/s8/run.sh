@@ -26,3 +26,8 @@ specdec loadtest --serve auto,always,never --model smollm2-135m --concurrency 1,
 specdec loadtest --serve auto,always,never --model qwen2.5-coder-1.5b --dtype q4 --concurrency 1,2,4,8,16 --requests 16 \
   --max-tokens 48 --prompts humanevalfix --timeout 900 --out $O/serve-qwen1.5b > $O/serve-qwen1.5b.log 2>&1
 echo done
+# (added after the server could draft with EAGLE) the server's two drafters, the same 16 first turns, one run each
+specdec loadtest --serve auto,always,never --method eagle --model smollm2-135m --concurrency 1,4 --requests 16 \
+  --max-tokens 64 --prompts spec-bench --out $O/serve-smollm2-eagle > $O/serve-smollm2-eagle.log 2>&1
+specdec loadtest --serve auto,always,never --method prompt-lookup --model smollm2-135m --concurrency 1,4 --requests 16 \
+  --max-tokens 64 --prompts spec-bench --out $O/serve-smollm2-pl16 > $O/serve-smollm2-pl16.log 2>&1
