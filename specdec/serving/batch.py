@@ -53,7 +53,8 @@ def _plan(model: Transformer, s: Segment, start: int):
 
 
 @torch.inference_mode()
-def packed_forward(model: Transformer, segments: list[Segment], layers: tuple[int, ...] = ()) -> list[torch.Tensor | None]:
+def packed_forward(model: Transformer, segments: list[Segment],
+                   layers: tuple[int, ...] = ()) -> list[torch.Tensor | None]:
     """Run one forward over all segments; returns each segment's logits [n, V] (None when not asked)
     and advances each segment's cache by its n. A segment with `features` gets in `hidden` the outputs of
     decoder `layers` at its positions, concatenated in that order (what `Transformer.forward` returns as
