@@ -31,3 +31,6 @@ specdec loadtest --serve auto,always,never --method eagle --model smollm2-135m -
   --max-tokens 64 --prompts spec-bench --out $O/serve-smollm2-eagle > $O/serve-smollm2-eagle.log 2>&1
 specdec loadtest --serve auto,always,never --method prompt-lookup --model smollm2-135m --concurrency 1,4 --requests 16 \
   --max-tokens 64 --prompts spec-bench --out $O/serve-smollm2-pl16 > $O/serve-smollm2-pl16.log 2>&1
+# the SmolLM2 race again after the chain's logsumexp went (d5e1b43)
+specdec bench --model smollm2-135m --methods plain,prompt-lookup,eagle,hybrid --sources prompt-lookup,eagle \
+  --prompts spec-bench --limit 1 --max-new-tokens 128 --no-progress --out $O/smollm2-specbench-final > $O/smollm2-specbench-final.log 2>&1
