@@ -42,19 +42,61 @@ def test_rmsnorm_rows_do_not_depend_on_n(d):
 
 
 def test_exact_model_takes_the_fused_path(model, monkeypatch):  # noqa: F811
-    calls = {"rope_store": 0, "rmsnorm": 0}
-    for name in calls:
-        real = getattr(ops, name)
-
-        def counted(*a, _real=real, _name=name, **k):
-            calls[_name] += 1
-            return _real(*a, **k)
-        monkeypatch.setattr(ops, name, counted)
+    """An exact bf16 model runs its layers in one C call per forward (`FusedLayers`), bit-identical across n."""
+    calls = []
+    real = ops.forward_layers
+    monkeypatch.setattr(ops, "forward_layers", lambda *a, **k: calls.append(a[7][7]) or real(*a, **k))
     cache = model.new_cache(64)
     tokens = torch.tensor([[3, 17, 5, 9, 11, 2]])
     chain = model(tokens, cache).logits
-    layers = model.cfg.num_layers
-    assert calls == {"rope_store": layers, "rmsnorm": 2 * layers + 1}
+    assert calls == [6]  # one call, over 6 rows
     cache.reset()
     for i in range(tokens.shape[1]):  # one position at a time: the same bits
         assert torch.equal(model(tokens[:, i:i + 1], cache).logits[0, 0], chain[0, i])
+
+
+@pytest.mark.parametrize("I", [8960, 1536, 13])  # Qwen 1.5B, SmolLM2, a tail that is not a multiple of 8
+def test_silu_mul_is_silu_times_up_and_rows_do_not_depend_on_n(I):
+    g = torch.Generator().manual_seed(I)
+    gu = torch.randn(5, 2 * I, generator=g) * 6
+    gu[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -87.5])  # far tails: e^-g over- and underflows
+    together = ops.silu_mul(gu)
+    for i in range(5):
+        assert torch.equal(ops.silu_mul(gu[i:i + 1]), together[i:i + 1])
+    want = torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]
+    torch.testing.assert_close(together, want, rtol=3e-7, atol=1e-30)
+
+
+def fused_and_python(model, monkeypatch, tokens, **kw):
+    """model(tokens) on a fresh cache through `FusedLayers` and through `Block.forward`: (fused, python)."""
+    outs = []
+    for fused in ("1", "0"):
+        monkeypatch.setenv("SPECDEC_FUSED", fused)
+        model.__dict__.pop("fused_layers", None)
+        assert (model.fused_layers is not None) == (fused == "1")
+        cache = model.new_cache(64)
+        model(torch.tensor([[4, 8, 15, 16, 23, 42, 7]]), cache)  # a context in the cache first
+        outs.append(model(tokens, cache, **kw))
+    model.__dict__.pop("fused_layers", None)
+    return outs
+
+
+def test_fused_layers_give_the_python_route_bits(model, monkeypatch):  # noqa: F811
+    """The same bits as `Block.forward` layer by layer: a chain with hidden states, a tree's mask, an early exit."""
+    tokens = torch.tensor([[3, 17, 5, 9]])
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    mask = torch.cat([torch.ones(4, 7, dtype=torch.bool), tree], 1)[None]
+    for kw in ({"hidden_layers": (0, 1, -1)}, {"mask": mask, "positions": torch.tensor([[7, 8, 8, 9]])},
+               {"exit_layer": 1, "hidden_layers": (0,)}):
+        fused, python = fused_and_python(model, monkeypatch, tokens, **kw)
+        assert torch.equal(fused.logits, python.logits)
+        assert fused.hidden.keys() == python.hidden.keys()
+        assert all(torch.equal(fused.hidden[i], python.hidden[i]) for i in fused.hidden)
+
+
+def test_fused_layers_off_the_exact_path(tmp_path):
+    """An fp32 model (torch's matmuls, not row-exact) keeps `Block.forward`."""
+    from specdec.runtime.loader import load_transformer
+    from tests.tiny import save_tiny
+
+    assert load_transformer(save_tiny("qwen2", tmp_path), torch.float32).fused_layers is None

@@ -15,7 +15,7 @@ from specdec.drafters.hybrid import Hybrid
 from specdec.drafters.lookahead import Lookahead
 from specdec.drafters.prompt_lookup import PromptLookup
 from specdec.runtime import kernels
-from specdec.runtime.kernels import quant as Q
+from specdec.runtime.kernels import ops, quant as Q
 from specdec.runtime.loader import load_transformer
 from specdec.runtime.model import QLinear
 from specdec.store import quantized
@@ -474,3 +474,25 @@ def test_q4_of_a_known_model_fetches_its_gguf_again(tmp_path, monkeypatch):
         quantized.source_gguf(folder, tmp_path)
     (folder / "specdec.json").write_text(json.dumps({"name": "my.gguf", "source_file": str(tmp_path / "gone.gguf")}))
     assert quantized.source_gguf(folder, tmp_path) is None  # a local file since moved: requantized instead
+
+
+FUSED = pytest.mark.skipif(not ops.available() or Q.isa() == "torch", reason="the fused-ops or quantized kernel is unavailable")
+
+
+def python_route_bits(model, monkeypatch):
+    from tests.test_ops import fused_and_python
+
+    fused, python = fused_and_python(model, monkeypatch, torch.tensor([[3, 17, 5, 9]]), hidden_layers=(0, -1))
+    assert torch.equal(fused.logits, python.logits) and torch.equal(fused.hidden[0], python.hidden[0])
+
+
+@FUSED
+def test_fused_layers_give_the_python_route_bits_q8_q4(qenv, monkeypatch):
+    """q8 and q4: one C call per forward, the same bits as `Block.forward` layer by layer."""
+    python_route_bits(qenv["target"], monkeypatch)
+
+
+@FUSED
+def test_fused_layers_give_the_python_route_bits_k_formats(kquant_env, monkeypatch):
+    """q4k and q6k, a q|k|v of two formats among them: the same bits as `Block.forward`."""
+    python_route_bits(kquant_env["target"], monkeypatch)

@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from specdec.runtime.kv_cache import KVCache
 from specdec.runtime.model import Transformer
@@ -82,8 +81,7 @@ def packed_forward(model: Transformer, segments: list[Segment],
         outs = [block.attend(qkv[:, a:b].contiguous(), cos, sin, s.cache, layer, start, mask, plan).reshape(1, b - a, -1)
                 for s, start, (a, b), (cos, sin), (mask, plan) in zip(segments, starts, bounds, ropes, plans)]
         x = x + block.o(torch.cat(outs, dim=1))
-        gate, up = block.gate_up(block.post_norm(x)).chunk(2, dim=-1)
-        x = x + block.down(F.silu(gate) * up)
+        x = x + block.mlp(block.post_norm(x))
         if layer in wanted:
             kept[layer] = x[0]
     for s, start, (a, b) in zip(segments, starts, bounds):

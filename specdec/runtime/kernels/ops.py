@@ -33,6 +33,10 @@ def _declare(lib) -> None:
                             ctypes.c_int64, ctypes.c_int64, ctypes.c_float]
     lib.rope_store.restype = ctypes.c_int
     lib.rope_store.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7
+    lib.silu_mul.restype = None
+    lib.silu_mul.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+    lib.forward_layers.restype = ctypes.c_int
+    lib.forward_layers.argtypes = [ctypes.c_void_p] * 10 + [ctypes.c_float] + [ctypes.c_void_p] * 2
     lib.ops_supported.restype = ctypes.c_int
     if not lib.ops_supported():
         raise RuntimeError("the CPU lacks AVX2 or FMA")
@@ -69,3 +73,33 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, l
     if rc:
         raise ValueError(f"rope_store: head dim {D} not supported")
     return qkv.view(B, n, heads + 2 * kv_heads, D)[:, :, :heads].transpose(1, 2)
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for a fused gate|up projection's output gu [..., 2 I] (fp32 CPU): [..., I]."""
+    if not gu.is_contiguous():
+        gu = gu.contiguous()
+    I = gu.shape[-1] // 2
+    out = torch.empty(*gu.shape[:-1], I)
+    _kernel.lib.silu_mul(gu.data_ptr(), out.data_ptr(), gu.numel() // (2 * I) if I else 0, I)
+    return out
+
+
+def pointer(f) -> int:
+    """The address of a ctypes function (another kernel library's entry point, for `forward_layers`)."""
+    return ctypes.cast(f, ctypes.c_void_p).value
+
+
+def forward_layers(desc: torch.Tensor, kv: list[int], hidden: list[int], x: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, rows, dims: list[int], eps: float, isas: list[int], fns: list[int]) -> None:
+    """Run dims[8] decoder layers on x [1, n, d] in place (see ops.c); the arguments as `Transformer.forward`
+    builds them: desc the layers' weights (int64 [layers, LAYER_WORDS]), kv and hidden per-layer addresses,
+    rows the attention plan's `attention.Rows`, dims (d, H, Hk, D, I, S, start, n, layers), isas (qgemm,
+    skinny_bf16, attend, threads), fns (their addresses)."""
+    i64 = ctypes.c_int64
+    rc = _kernel.lib.forward_layers(desc.data_ptr(), (i64 * len(kv))(*kv), (i64 * len(hidden))(*hidden),
+                                    x.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows.prefix.data_ptr(),
+                                    rows.offs.data_ptr(), rows.extra.data_ptr(), (i64 * len(dims))(*dims), eps,
+                                    (ctypes.c_int * 4)(*isas), (i64 * 3)(*fns))
+    if rc:
+        raise MemoryError("forward_layers: out of memory") if rc == 2 else RuntimeError(f"forward_layers: a kernel failed ({rc})")
