@@ -280,15 +280,18 @@ class FusedLayers:
                     return None
         return cls(model)
 
-    def __call__(self, x: torch.Tensor, cos, sin, cache: KVCache, start: int, plan: "RowPlan", layers: int,
-                 hidden: dict[int, torch.Tensor]) -> None:
-        """Run the first `layers` layers on x [1, n, d] (fp32, contiguous) in place; hidden[i] receives x after
-        layer i."""
-        n = x.shape[1]
-        kv = [t.data_ptr() for i in range(layers) for t in (cache.k[i], cache.v[i])]
+    def __call__(self, x: torch.Tensor, segments: list[tuple], layers: int, hidden: dict[int, torch.Tensor]) -> None:
+        """Run the first `layers` layers on x [1, N, d] (fp32, contiguous) in place; hidden[i] receives x after
+        layer i. segments: (first row, rows, cache, start, RowPlan, cos, sin) per request whose rows these are,
+        cos and sin [rows, D] contiguous (one request: one segment over all N rows)."""
+        segs, kv = [], []
+        for row0, n, cache, start, plan, cos, sin in segments:
+            r = plan.rows
+            segs += [row0, n, start, cache.max_len, r.prefix.data_ptr(), r.offs.data_ptr(), r.extra.data_ptr(),
+                     cos.data_ptr(), sin.data_ptr()]
+            kv += [t.data_ptr() for i in range(layers) for t in (cache.k[i], cache.v[i])]
         out = [hidden[i].data_ptr() if i in hidden else 0 for i in range(layers)]
-        ops.forward_layers(self.desc, kv, out, x, cos, sin, plan.rows,
-                           self.dims + [cache.max_len, start, n, layers], self.eps,
+        ops.forward_layers(self.desc, segs, kv, out, x, self.dims + [x.shape[1], layers, len(segments)], self.eps,
                            self.isas + [torch.get_num_threads()], self.fns)
 
 
@@ -494,7 +497,7 @@ class Transformer(nn.Module):
         if plan is not None and B == 1 and on_host and self.fused_layers is not None and x.dtype == torch.float32:
             x = x.contiguous()
             hidden = {i: torch.empty_like(x) for i in hidden_layers if 0 <= i < n_layers}
-            self.fused_layers(x, cos, sin, cache, start, plan, n_layers, hidden)
+            self.fused_layers(x, [(0, n, cache, start, plan, cos, sin)], n_layers, hidden)
         else:
             for i in range(n_layers):
                 x = self.layers[i](x, cos, sin, cache, i, start, mask, plan)

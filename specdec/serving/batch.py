@@ -76,7 +76,14 @@ def packed_forward(model: Transformer, segments: list[Segment],
     plans = [_plan(model, s, start) for s, start in zip(segments, starts)]
     wanted = set(layers) if any(s.features for s in segments) else set()
     kept: dict[int, torch.Tensor] = {}
-    for layer, block in enumerate(model.layers):
+    fused = model.fused_layers is not None and all(plan is not None for _, plan in plans) and x.dtype == torch.float32
+    if fused:  # the layers in one C call (`FusedLayers`), each segment attending over its own cache: the same bits
+        x = x.contiguous()
+        after = {i: torch.empty_like(x) for i in wanted}
+        model.fused_layers(x, [(a, b - a, s.cache, start, plan, cos, sin) for s, start, (a, b), (cos, sin), (_, plan)
+                               in zip(segments, starts, bounds, ropes, plans)], model.cfg.num_layers, after)
+        kept = {i: h[0] for i, h in after.items()}
+    for layer, block in enumerate(() if fused else model.layers):
         qkv = block.qkv(block.input_norm(x))
         outs = [block.attend(qkv[:, a:b].contiguous(), cos, sin, s.cache, layer, start, mask, plan).reshape(1, b - a, -1)
                 for s, start, (a, b), (cos, sin), (mask, plan) in zip(segments, starts, bounds, ropes, plans)]

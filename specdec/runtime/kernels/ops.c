@@ -129,17 +129,21 @@ void silu_mul(const float *gu, float *out, int64_t rows, int64_t I) {
 }
 
 /* ---- A decoder's layers in one call ----------------------------------------------------------------
- * Per layer, as `model.Block.forward`: h = rmsnorm(x); qkv = h W_qkv^T (+ bias); RoPE on q, k and the cache
- * write (rope_store); a = attend(q, the layer's cache, the rows' key lists); x = x + a W_o^T;
+ * Per layer, as `model.Block.forward`: h = rmsnorm(x); qkv = h W_qkv^T (+ bias); per segment, RoPE on q, k and
+ * its cache write (rope_store), a = attend(q, its cache, its rows' key lists); x = x + a W_o^T;
  * h = rmsnorm(x); gu = h W_gate|up^T; x = x + silu_mul(gu) W_down^T. Each matmul is one of the runtime's
  * kernels called through a pointer (qgemm.c's qgemm for quantized parts, skinny.c's skinny_bf16 for bf16
- * weights), attention is attention.c's attend: the very calls Python makes, so the same bits.
+ * weights), attention is attention.c's attend: the very calls Python makes, so the same bits. The rows of x
+ * may belong to several requests (segments, each with its own cache: the batched server's packed forward);
+ * a single request is one segment.
  *
  * desc, per layer LAYER_WORDS int64: the two norms' weights, then the projections qkv, o, gate_up, down, each
  * [parts, then PARTS x (kind, fmt, weights, scales, mins, bias, rows)] (kind 0: qgemm, fmt its format code;
- * kind 1: skinny_bf16, one part). kv: per layer the cache's k and v [1, Hk, S, D]. hidden: per layer 0 or an
- * [n, d] buffer that receives x after it. dims: d, H, Hk, D, I, S, start, n, layers. isas: qgemm's,
- * skinny's, attend's, threads. Returns 0, or the first failing call's nonzero code (2: out of memory). */
+ * kind 1: skinny_bf16, one part). segs, per segment SEG_WORDS int64: its first row in x, rows n, cache start,
+ * cache slots S, the attention plan's prefix, offs and extra (attention.c), its cos and sin [n, D]. kv, per
+ * segment and layer: the cache's k and v [1, Hk, S, D]. hidden: per layer 0 or an [N, d] buffer that receives
+ * x after it. dims: d, H, Hk, D, I, N (rows of x), layers, segments. isas: qgemm's, skinny's, attend's,
+ * threads. Returns 0, or the first failing call's nonzero code (2: out of memory). */
 typedef int (*qgemm_fn)(int, int, const float *, const uint8_t *, const float *, const float *, const float *,
                         float *, int64_t, int64_t, int64_t, int64_t, int);
 typedef int (*skinny_fn)(int, const float *, const uint16_t *, const float *, float *, int64_t, int64_t, int64_t, int);
@@ -150,6 +154,7 @@ typedef int (*attend_fn)(const float *, int64_t, int64_t, int64_t, const float *
 #define PART_WORDS 7
 #define PROJ_WORDS (1 + PARTS * PART_WORDS)
 #define LAYER_WORDS (2 + 4 * PROJ_WORDS)
+#define SEG_WORDS 9
 
 static int project(const int64_t *p, const float *x, float *y, int64_t n, int64_t in, int64_t out,
                    qgemm_fn qgemm, skinny_fn skinny, const int *isas) {
@@ -166,11 +171,10 @@ static int project(const int64_t *p, const float *x, float *y, int64_t n, int64_
     return 0;
 }
 
-int forward_layers(const int64_t *desc, const int64_t *kv, const int64_t *hidden, float *x, const float *cos,
-                   const float *sin, const int64_t *prefix, const int64_t *offs, const int64_t *extra,
+int forward_layers(const int64_t *desc, const int64_t *segs, const int64_t *kv, const int64_t *hidden, float *x,
                    const int64_t *dims, float eps, const int *isas, const int64_t *fns) {
-    const int64_t d = dims[0], H = dims[1], Hk = dims[2], D = dims[3], I = dims[4], S = dims[5], start = dims[6],
-                  n = dims[7], L = dims[8], wq = (H + 2 * Hk) * D;
+    const int64_t d = dims[0], H = dims[1], Hk = dims[2], D = dims[3], I = dims[4], n = dims[5], L = dims[6],
+                  nseg = dims[7], wq = (H + 2 * Hk) * D;
     qgemm_fn qgemm = (qgemm_fn)fns[0];
     skinny_fn skinny = (skinny_fn)fns[1];
     attend_fn attend = (attend_fn)fns[2];
@@ -180,13 +184,18 @@ int forward_layers(const int64_t *desc, const int64_t *kv, const int64_t *hidden
     int rc = (!h || !t || !qkv || !a || !gu || !act) ? 2 : 0;
     for (int64_t l = 0; l < L && !rc; l++) {
         const int64_t *w = desc + l * LAYER_WORDS, *proj = w + 2;
-        float *kc = (float *)kv[2 * l], *vc = (float *)kv[2 * l + 1];
         rmsnorm(x, d, (const float *)w[0], h, d, n, d, eps);
         if ((rc = project(proj, h, qkv, n, d, wq, qgemm, skinny, isas))) break;
-        if ((rc = rope_store(qkv, cos, sin, kc, vc, 1, n, H, Hk, D, S, start))) break;
-        /* q as [1, H, n, D] inside qkv: batch stride n * wq, head stride D, row stride wq */
-        if ((rc = attend(qkv, n * wq, D, wq, kc, vc, a, prefix, offs, extra, 1, n, H, Hk, S, D, isas[2], isas[3]))) break;
-        if ((rc = project(proj + PROJ_WORDS, a, t, n, H * D, d, qgemm, skinny, isas))) break;
+        for (int64_t g = 0; g < nseg && !rc; g++) {
+            const int64_t *sg = segs + g * SEG_WORDS, r0 = sg[0], m = sg[1], start = sg[2], S = sg[3];
+            float *kc = (float *)kv[2 * (g * L + l)], *vc = (float *)kv[2 * (g * L + l) + 1], *qg = qkv + r0 * wq;
+            if ((rc = rope_store(qg, (const float *)sg[7], (const float *)sg[8], kc, vc, 1, m, H, Hk, D, S, start)))
+                break;
+            /* q as [1, H, m, D] inside qkv: batch stride m * wq, head stride D, row stride wq */
+            rc = attend(qg, m * wq, D, wq, kc, vc, a + r0 * H * D, (const int64_t *)sg[4], (const int64_t *)sg[5],
+                        (const int64_t *)sg[6], 1, m, H, Hk, S, D, isas[2], isas[3]);
+        }
+        if (rc || (rc = project(proj + PROJ_WORDS, a, t, n, H * D, d, qgemm, skinny, isas))) break;
         for (int64_t i = 0; i < n * d; i++) x[i] = x[i] + t[i];
         rmsnorm(x, d, (const float *)w[1], h, d, n, d, eps);
         if ((rc = project(proj + 2 * PROJ_WORDS, h, gu, n, d, 2 * I, qgemm, skinny, isas))) break;

@@ -36,7 +36,7 @@ def _declare(lib) -> None:
     lib.silu_mul.restype = None
     lib.silu_mul.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
     lib.forward_layers.restype = ctypes.c_int
-    lib.forward_layers.argtypes = [ctypes.c_void_p] * 10 + [ctypes.c_float] + [ctypes.c_void_p] * 2
+    lib.forward_layers.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_float] + [ctypes.c_void_p] * 2
     lib.ops_supported.restype = ctypes.c_int
     if not lib.ops_supported():
         raise RuntimeError("the CPU lacks AVX2 or FMA")
@@ -90,16 +90,16 @@ def pointer(f) -> int:
     return ctypes.cast(f, ctypes.c_void_p).value
 
 
-def forward_layers(desc: torch.Tensor, kv: list[int], hidden: list[int], x: torch.Tensor, cos: torch.Tensor,
-                   sin: torch.Tensor, rows, dims: list[int], eps: float, isas: list[int], fns: list[int]) -> None:
-    """Run dims[8] decoder layers on x [1, n, d] in place (see ops.c); the arguments as `Transformer.forward`
-    builds them: desc the layers' weights (int64 [layers, LAYER_WORDS]), kv and hidden per-layer addresses,
-    rows the attention plan's `attention.Rows`, dims (d, H, Hk, D, I, S, start, n, layers), isas (qgemm,
+def forward_layers(desc: torch.Tensor, segs: list[int], kv: list[int], hidden: list[int], x: torch.Tensor,
+                   dims: list[int], eps: float, isas: list[int], fns: list[int]) -> None:
+    """Run dims[6] decoder layers on x [1, N, d] in place (see ops.c), as `model.FusedLayers` lays the arguments
+    out: desc the layers' weights (int64 [layers, LAYER_WORDS]), segs per segment (first row, rows, cache start,
+    cache slots, attention rows' prefix, offs, extra, cos, sin addresses), kv per segment and layer the
+    cache's k and v, hidden per layer an output or 0, dims (d, H, Hk, D, I, N, layers, segments), isas (qgemm,
     skinny_bf16, attend, threads), fns (their addresses)."""
     i64 = ctypes.c_int64
-    rc = _kernel.lib.forward_layers(desc.data_ptr(), (i64 * len(kv))(*kv), (i64 * len(hidden))(*hidden),
-                                    x.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows.prefix.data_ptr(),
-                                    rows.offs.data_ptr(), rows.extra.data_ptr(), (i64 * len(dims))(*dims), eps,
+    rc = _kernel.lib.forward_layers(desc.data_ptr(), (i64 * len(segs))(*segs), (i64 * len(kv))(*kv),
+                                    (i64 * len(hidden))(*hidden), x.data_ptr(), (i64 * len(dims))(*dims), eps,
                                     (ctypes.c_int * 4)(*isas), (i64 * 3)(*fns))
     if rc:
         raise MemoryError("forward_layers: out of memory") if rc == 2 else RuntimeError(f"forward_layers: a kernel failed ({rc})")
