@@ -12,7 +12,12 @@ the acceptance at depth j, and cost uses the n = nodes(k) positions that tree ve
 alpha_j is a running, decaying per-position estimate for this request and source (acceptance
 decays along a draft, so one alpha would overestimate long drafts); tau is the measured draft
 cost per token over the measured plain step; verify(n) is the forward-cost curve from
-`specdec probe` (1.0 at n = 1), refined by the forwards this request makes. k = 0 (a plain
+`specdec probe` (1.0 at n = 1) plus what this request's verify rounds measure beyond it once a plain
+round has been timed (`plain_first`: decode() times its first round plain): a round's target time
+over the plain step, less the curve's verify(n), is the round's `extra` (hidden states an EAGLE head
+reads, a stale curve, the loop's own work). Example: SmolLM2 q4 at ~6 ms a step, EAGLE verifying
+2 positions in 8 ms where the curve says 1.08 steps: extra ~0.2, and with tau ~0.3 and alpha 0.42
+a round yields 1.42 tokens for ~1.6 steps, so k = 0 wins (the curve alone predicted 1.07x). k = 0 (a plain
 step) is chosen when speculation is predicted to lose, with an occasional k = 1 probe so a
 source that starts to match again is noticed. A probe costs a draft step (tau) and a wider
 forward, so the wait before it grows with that cost (`explore_wait`) and doubles after each probe
@@ -76,6 +81,11 @@ class AdaptiveK:
     plain_streak: int = 0
     probes: int = 0                # probes since speculation last was predicted to win
     nodes: Callable[[int], int] | None = None  # draft positions at depth k (a tree's size); None: k (a chain)
+    plain_first: bool = False      # the first round is a plain step, timed: the unit verify rounds are priced in
+    step_s: float = 0.0            # a plain round's measured seconds (moving average); 0 until one is timed
+    extra: float = 0.0             # a verify round's measured cost beyond verify(n), in plain steps (moving average)
+    extra_measured: int = 0
+    chosen: int = 0                # rounds chosen so far
 
     def alphas(self) -> list[float]:
         out, prev = [], self.prior_alpha
@@ -103,12 +113,19 @@ class AdaptiveK:
 
     def predicted(self) -> list[float]:
         """Predicted speedup for k = 0 .. k_max."""
-        return [e / (self.cost(self.positions(k) + 1) + self.positions(k) * self.tau)
+        return [e / (self.verify_cost(self.positions(k) + 1) + self.positions(k) * self.tau) if k else e
                 for k, e in enumerate(self.expected_tokens())]
+
+    def verify_cost(self, n: int) -> float:
+        """A round verifying n positions, in plain steps: the curve's verify(n), plus the measured extra."""
+        return self.cost(n) + (self.extra if n > 1 else 0.0)
 
     def choose(self, startup: float = 0.0, remaining: int | None = None) -> int:
         """k for the next round. `startup`: a one-time cost in target steps that drafting now would pay
         first; it is paid only when `remaining` tokens at the predicted speedup save more than it."""
+        self.chosen += 1
+        if self.plain_first and self.chosen == 1 and not self.step_s:
+            return 0  # time a plain step first (what plain decoding would do anyway)
         pred = self.predicted()
         k = max(range(len(pred)), key=lambda i: (pred[i], -i))
         if k and startup > 0 and (remaining is None or remaining * (1 - 1 / pred[k]) <= startup):
@@ -132,17 +149,26 @@ class AdaptiveK:
         return min(max(self.explore_every, dear) << self.probes, EXPLORE_MAX)
 
     def timing(self, drafted: int, draft_seconds: float, target_seconds: float, smoothing: float = 0.3) -> None:
-        """Update tau from one round's measured times: draft seconds per token over the target's
-        one-position step time (the round's target time divided by the verify-cost curve)."""
+        """Update tau from one round's measured times: draft seconds per token over the plain step (measured,
+        `plain_timing`; before that, the round's target time divided by the verify-cost curve), and the
+        verify round's `extra` over the curve once a plain step is timed."""
         if drafted <= 0:
             return
         self.rounds_timed += 1
+        if self.step_s:
+            extra = target_seconds / self.step_s - self.cost(drafted + 1)
+            self.extra = extra if self.extra_measured == 0 else (1 - smoothing) * self.extra + smoothing * extra
+            self.extra_measured += 1
         if self.rounds_timed == 1:  # the first round's draft time includes the drafter's own prefill
             return
-        step = target_seconds / self.cost(drafted + 1)
+        step = self.step_s or target_seconds / self.cost(drafted + 1)
         tau = (draft_seconds / drafted) / step
         self.tau = tau if self.tau_measured == 0 else (1 - smoothing) * self.tau + smoothing * tau
         self.tau_measured += 1
+
+    def plain_timing(self, seconds: float, smoothing: float = 0.3) -> None:
+        """A plain round's measured target seconds: the step every other cost is priced in."""
+        self.step_s = seconds if not self.step_s else (1 - smoothing) * self.step_s + smoothing * seconds
 
     def observe(self, drafted: int, accepted: int) -> None:
         """A round drafted `drafted` tokens in a chain and the first `accepted` were kept."""

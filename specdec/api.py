@@ -154,8 +154,8 @@ class LLM:
             if getattr(d, "name", "") == "lookahead":
                 if d.window or d.guesses > 1:  # a window or a tree: the configuration fits the budget already
                     return FixedK(d.ngram - 1)
-                return AdaptiveK(k_max=d.ngram - 1, cost=self.cost_curve())  # one chain from the pool: like lookup
-            return AdaptiveK(cost=self.cost_curve(), tau=getattr(d, "tau_prior", 0.0),
+                return AdaptiveK(k_max=d.ngram - 1, cost=self.cost_curve(), plain_first=True)  # like lookup
+            return AdaptiveK(cost=self.cost_curve(), tau=getattr(d, "tau_prior", 0.0), plain_first=True,
                              prior_alpha=getattr(d, "prior_alpha", AdaptiveK.prior_alpha),
                              k_max=getattr(d, "k_max", AdaptiveK.k_max), nodes=getattr(d, "nodes", None))
 

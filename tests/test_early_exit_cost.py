@@ -73,3 +73,21 @@ def test_probing_resumes_its_pace_once_speculation_wins():
     for _ in range(6):
         policy.observe(4, 4)  # the source matches again: predicted to win
     assert policy.choose() > 0 and policy.probes == 0
+
+
+def test_measured_verify_rounds_price_what_the_curve_misses():
+    """The curve says 2 positions cost 1.08 steps; this request's rounds measure 1.29 (hidden states, a stale
+    probe): with alpha 0.42 and tau 0.3 speculation is then predicted to lose, where the curve alone said win.
+    The first round is a plain step when asked (plain_first), and tau is priced in the measured step."""
+    curve = CostCurve({1: 1.0, 2: 1.08, 64: 10.0})
+    policy = AdaptiveK(cost=curve, prior_alpha=0.42, prior_weight=1e9, tau=0.3, plain_first=True)
+    assert policy.predicted()[1] > 1.0  # the curve alone: draft one token
+    assert policy.choose() == 0  # the timing round
+    policy.plain_timing(0.0062)
+    policy.timing(1, 0.0, 0.008)  # a first round: extra measured, tau not (the drafter's own prefill)
+    policy.timing(1, 0.0019, 0.008)
+    assert policy.extra == pytest.approx(0.008 / 0.0062 - 1.08)
+    assert policy.tau == pytest.approx(0.0019 / 0.0062)
+    assert policy.verify_cost(2) == pytest.approx(0.008 / 0.0062) and policy.verify_cost(1) == 1.0
+    assert max(range(len(policy.predicted())), key=policy.predicted().__getitem__) == 0
+    assert AdaptiveK(cost=curve, prior_alpha=0.42).choose() == 1  # without plain_first: draft at once

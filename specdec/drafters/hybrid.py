@@ -118,6 +118,12 @@ class Hybrid(Drafter):
             if timing:
                 timing(drafted, draft_seconds, target_seconds)
 
+    def plain_timing(self, seconds: float) -> None:
+        """A plain round's measured time, for every source's policy (AdaptiveK.plain_timing)."""
+        for policy in self.policies or ():
+            if hasattr(policy, "plain_timing"):
+                policy.plain_timing(seconds)
+
     @property
     def stale(self) -> bool:
         """The proposer caught up on many committed tokens this round: its time says nothing about tau."""
