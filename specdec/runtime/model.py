@@ -31,11 +31,12 @@ A tree needs no rewriting of the KV cache: a row's key list names its ancestors'
 (no C compiler) the same rows run one torch call each (`attend_rows`, `RowPlan.steps`).
 An exact model on the host runs all its layers in one C call per forward (`FusedLayers`): the same kernels in
 the same order as `Block.forward`, so the same bits, without Python's dispatch between them (Qwen2.5-Coder-1.5B
-q4 decode step ~53 -> ~37 ms, SmolLM2 q4 ~12 -> ~7 ms on a 2-core Zen 4).
+q4 decode step ~45 -> ~38 ms, SmolLM2 q4 ~12 -> ~6 ms on a 2-core Zen 4).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Sequence
@@ -384,8 +385,6 @@ class Transformer(nn.Module):
     def fused_layers(self) -> FusedLayers | None:
         """The layers as one C call per forward (`FusedLayers`), or None; decided on first use (after loading:
         the projections' kernels and paths are set by then). SPECDEC_FUSED=0 turns it off."""
-        import os
-
         return None if os.environ.get("SPECDEC_FUSED", "1") == "0" else FusedLayers.of(self)
 
     @property
