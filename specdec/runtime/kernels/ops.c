@@ -87,7 +87,8 @@ int rope_store(float *qkv, const float *cos, const float *sin, float *kc, float 
 
 /* e^x, 8 lanes (Cephes expf: x = n ln2 + r, |r| <= ln2 / 2, a degree-7 polynomial, times 2^n). x is clamped to
  * [-87, 88.3]: below, 2^n would leave the normal range (silu only needs e^-g ~ 0 there); above, the result is
- * inf or the largest floats, as libm's. */
+ * inf or the largest floats, as libm's. attention.c's softmax evaluates the same polynomial (each library is
+ * built from its own source file). */
 static inline __m256 exp256(__m256 x) {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.3762626647949f));
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
