@@ -2,10 +2,12 @@
 
 A decode step is memory-bound: reading the weights dominates, so a forward over n new
 positions costs about the same as over one until compute catches up. The probe times one
-forward over n = 1, 2, 4, ..., 64 positions after a 256-token context (median of several
-runs) and reports
+forward over n = 1, 2, 4, ..., 64 positions after a 256-token context, in several sweeps over all sizes,
+and reports
 
-- the cost curve, `relative[n] = t(n) / t(1)` (what adaptive k and the scheduler consume),
+- the cost curve, `relative[n]`: the median over sweeps of t(n) / t(1) within a sweep (what adaptive k and
+  the scheduler consume; a machine whose memory bandwidth flips for minutes at a time then slows a whole
+  sweep, not one size: measured size by size, a slow minute once put t(1) above t(2)),
 - the budget: the largest n whose cost is within 10% of n = 1 (the lesson's 156 on an H100),
 - the step time against the bandwidth bound: weight bytes read per step / measured bandwidth.
 
@@ -127,7 +129,9 @@ class ProbeResult:
         d["seconds"] = {int(k): v for k, v in d["seconds"].items()}
         d["relative"] = {int(k): v for k, v in d["relative"].items()}
         for other in d.get("paths", {}).values():
-            other["seconds"] = {int(k): v for k, v in other["seconds"].items()}
+            for key in ("seconds", "relative"):
+                if key in other:
+                    other[key] = {int(k): v for k, v in other[key].items()}
         d.setdefault("machine", "")  # probes cached before the key existed: measured again
         return cls(**d)
 
@@ -195,6 +199,14 @@ def dtype_key(model: Transformer) -> str:
     return name if model.device.type == "cpu" else f"{name}@{model.device.type}"
 
 
+def sweep_curve(times: dict[int, list[float]]) -> dict[int, float]:
+    """The cost curve from sweeps over the sizes: each size's time over the smallest size's in the same sweep,
+    the median over sweeps. Example: sweeps (t(1), t(2)) = (1, 1.1), (3, 3.3), (1, 1.1) -> {1: 1.0, 2: 1.1},
+    where the medians of the raw times alone would give t(1) = 1 against t(2) = 1.1 only by luck."""
+    one = times[min(times)]
+    return {n: statistics.median(a / b for a, b in zip(t, one)) for n, t in times.items()}
+
+
 def measure(model: Transformer, name: str = "", context: int = 256, sizes=SIZES, repeats: int = 5,
             tolerance: float = 0.10, progress=None) -> ProbeResult:
     from specdec.bench.report import cpu_flags, cpu_model
@@ -209,21 +221,20 @@ def measure(model: Transformer, name: str = "", context: int = 256, sizes=SIZES,
     t0 = time.perf_counter()
     model(prompt, cache, last_only=True)
     prefill = context / (time.perf_counter() - t0)
-    seconds = {}
-    for n in sizes:
-        tokens = torch.randint(0, model.cfg.vocab_size, (1, n), generator=gen)
-        times = []
-        for i in range(repeats + 1):  # the first run warms up
+    tokens = {n: torch.randint(0, model.cfg.vocab_size, (1, n), generator=gen) for n in sizes}
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for i in range(repeats + 1):  # sweeps over every size (the first warms up): a slow minute hits them all
+        for n in sizes:
             t0 = time.perf_counter()
-            model(tokens, cache)
+            model(tokens[n], cache)
             dt = time.perf_counter() - t0
             cache.rewind(n)
             if i:
-                times.append(dt)
-        seconds[n] = statistics.median(times)
-        if progress:
-            progress(n)
-    relative = {n: s / seconds[sizes[0]] for n, s in seconds.items()}
+                times[n].append(dt)
+            if progress:
+                progress(n)
+    seconds = {n: statistics.median(t) for n, t in times.items()}
+    relative = sweep_curve(times)
     budget = max(n for n in sizes if relative[n] <= 1 + tolerance)
     wbytes = weight_bytes_per_step(model)
     bw = measure_bandwidth()
@@ -264,13 +275,15 @@ def probe_paths(model: Transformer, folder, name: str = "", repeats: int = 5, pr
             linears = [m for m in model.modules() if isinstance(m, Linear)]
             for m in linears:
                 m.path = path
+            model.__dict__.pop("fused_layers", None)  # the fused layers take the path from the Linears anew
             try:
                 r = probe(model, name, repeats=repeats, progress=progress)
             finally:
                 for m in linears:
                     m.path = mine
-        curves[path] = dict(seconds=r.seconds, budget=r.budget, prefill_tokens_per_s=r.prefill_tokens_per_s,
-                            load=r.load)
+                model.__dict__.pop("fused_layers", None)
+        curves[path] = dict(seconds=r.seconds, relative=r.relative, budget=r.budget,
+                            prefill_tokens_per_s=r.prefill_tokens_per_s, load=r.load)
     return curves
 
 

@@ -100,3 +100,29 @@ def test_probe_records_the_load_and_retries_an_implausible_curve(tiny_folder, mo
     monkeypatch.setattr(probe_mod, "measure", lambda *a, **k: next(made))
     assert probe_mod.probe(model, "m").seconds == GOOD
     assert measurement_path("probe", "m", "float32").parent.exists() is False  # probing does not save
+
+
+def test_probe_paths_runs_the_fused_layers_on_each_path(tmp_path, monkeypatch):
+    """Measuring the kernel's other ISA on the same weights switches the Linears' path; the fused layers follow
+    it during that probe and go back after (they once kept the model's own path: the avx2 column was avx512)."""
+    from tests.tiny import save_tiny
+
+    if kernels.unavailable("avx512bf16") or kernels.unavailable("avx2"):
+        pytest.skip("needs both bf16 kernel paths")
+    monkeypatch.setenv("SPECDEC_MATMUL", "avx512bf16")
+    model = load_transformer(save_tiny("qwen2", tmp_path), torch.bfloat16)
+    assert model.fused_layers.isas[1] == kernels.PATHS["avx512bf16"][0]
+    seen = []
+    monkeypatch.setattr(probe_mod, "other_paths", lambda m: ["avx2"])
+    monkeypatch.setattr(probe_mod, "probe", lambda m, *a, **k: seen.append(m.fused_layers.isas[1]) or result(GOOD))
+    assert list(probe_mod.probe_paths(model, tmp_path)) == ["avx2"]
+    assert seen == [kernels.PATHS["avx2"][0]] and model.fused_layers.isas[1] == kernels.PATHS["avx512bf16"][0]
+
+
+def test_the_curve_is_the_median_of_each_sweeps_ratios():
+    """A slow minute slows a whole sweep: t(n) / t(1) within each sweep keeps the curve, where the medians of
+    the raw times put t(1) above t(2) when the slow sweeps are t(1)'s."""
+    times = {1: [1.0, 3.0, 3.0, 1.0], 2: [1.1, 3.3, 1.1, 1.1], 4: [1.5, 4.5, 4.5, 1.5]}
+    assert probe_mod.sweep_curve(times) == {1: 1.0, 2: pytest.approx(1.1), 4: pytest.approx(1.5)}
+    raw = {n: sorted(t)[1:3] for n, t in times.items()}  # the raw medians' middle pair
+    assert sum(raw[2]) / 2 < sum(raw[1]) / 2  # what measuring size by size risked

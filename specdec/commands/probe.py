@@ -39,7 +39,8 @@ def run(args) -> int:
     folder = resolve(args.model, pull=True)
     model = load_transformer(folder, resolve_dtype(args.dtype, folder))
     others = other_paths(model) if args.paths == "all" else []
-    with tqdm(total=len(SIZES) * (1 + len(others)), desc="probe", unit="size", file=sys.stderr, disable=args.json) as bar:
+    forwards = len(SIZES) * (args.repeats + 1) * (1 + len(others))
+    with tqdm(total=forwards, desc="probe", unit="forward", file=sys.stderr, disable=args.json) as bar:
         result = probe(model, args.model, repeats=args.repeats, progress=lambda n: bar.update(1))
         if others:
             result.paths = probe_paths(model, folder, args.model, repeats=args.repeats,
@@ -54,11 +55,12 @@ def run(args) -> int:
         return 0
     print(f"model {args.model}, {result.dtype}, {result.threads} threads, context {result.context}")
     print(f"cpu {result.cpu} ({' '.join(result.cpu_flags) or 'no AVX2'}); matmul path {result.matmul} (the runtime's)")
-    curves = {result.matmul: dict(seconds=result.seconds, budget=result.budget,
+    curves = {result.matmul: dict(seconds=result.seconds, relative=result.relative, budget=result.budget,
                                   prefill_tokens_per_s=result.prefill_tokens_per_s), **result.paths}
     print(f"{'n':>4} " + " ".join(f"{p + ' ms':>16} {'x t(1)':>7}" for p in curves))
-    for n in result.seconds:
-        print(f"{n:>4} " + " ".join(f"{c['seconds'][n] * 1e3:>16.2f} {c['seconds'][n] / c['seconds'][1]:>7.2f}"
+    for n in result.seconds:  # x t(1): the median of each sweep's ratio (a path cached before it: of the medians)
+        print(f"{n:>4} " + " ".join(f"{c['seconds'][n] * 1e3:>16.2f} "
+                                    f"{c.get('relative', {}).get(n, c['seconds'][n] / c['seconds'][1]):>7.2f}"
                                     for c in curves.values()))
     for p, c in curves.items():
         print(f"{p}: budget {c['budget']} positions per forward within 10% of one; "
