@@ -24,3 +24,10 @@ specdec bench --model smollm2-135m --methods plain,prompt-lookup,eagle,hybrid --
 specdec loadtest --serve auto,always,never --model smollm2-135m --concurrency 1,2,4,8,16 --requests 32 --max-tokens 64 \
   --prompts spec-bench --out $O/serve-smollm2 > $O/serve-smollm2.log 2>&1
 echo done
+# (after the probe's fixes, with its fresh curve cached) #14 again, the same command
+for a in "smollm2-135m bf16" "smollm2-135m q4" "qwen2.5-coder-1.5b q4" "qwen2.5-coder-1.5b bf16"; do
+  set -- $a; specdec probe --model $1 --dtype $2 > $O/probe-$1-$2.txt 2>&1
+done
+specdec bench --model qwen2.5-coder-1.5b --dtype q4 --plain-dtypes bf16,q8 --methods plain,prompt-lookup,lookahead \
+  --prompts humanevalfix --limit 5 --max-new-tokens 128 --compare-hf --compare-llamacpp \
+  --no-progress --out $O/qwen1.5b-humanevalfix-2 > $O/qwen1.5b-humanevalfix-2.log 2>&1
