@@ -17,7 +17,7 @@ round has been timed (`plain_first`: decode() times its first round plain): a ro
 over the plain step, less the curve's verify(n), is the round's `extra` (hidden states an EAGLE head
 reads, a stale curve, the loop's own work). Example: SmolLM2 q4 at ~6 ms a step, EAGLE verifying
 2 positions in 8 ms where the curve says 1.08 steps: extra ~0.2, and with tau ~0.3 and alpha 0.42
-a round yields 1.42 tokens for ~1.6 steps, so k = 0 wins (the curve alone predicted 1.07x). k = 0 (a plain
+a round yields 1.42 tokens for ~1.6 steps, so k = 0 wins (the curve alone predicted 1.03x). k = 0 (a plain
 step) is chosen when speculation is predicted to lose, with an occasional k = 1 probe so a
 source that starts to match again is noticed. A probe costs a draft step (tau) and a wider
 forward, so the wait before it grows with that cost (`explore_wait`) and doubles after each probe
