@@ -172,6 +172,15 @@ def test_build_is_cached_and_atomic(monkeypatch, tmp_path):
     assert torch.allclose(kernels.linear_bf16(x, w, b), want, atol=1e-4)
 
 
+def test_a_local_header_is_part_of_the_librarys_name(tmp_path):
+    """ops.c and attention.c include vexp.h: a changed header must build new libraries, not load old ones."""
+    (tmp_path / "k.c").write_text('#include <math.h>\n#include "h.h"\nint f(void) { return H; }\n')
+    (tmp_path / "h.h").write_text("#define H 1\n")
+    before = kernels.library_path(tmp_path / "k.c", ["-O2"])
+    (tmp_path / "h.h").write_text("#define H 2\n")
+    assert kernels.library_path(tmp_path / "k.c", ["-O2"]) != before
+
+
 # --- a tiny model in bf16 on the kernel ------------------------------------------------------------
 
 def test_model_layout_and_whole_forward_bit_exact(tiny_folder, path, monkeypatch):

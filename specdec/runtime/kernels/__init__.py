@@ -62,6 +62,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -124,10 +125,14 @@ def choose_path(flags: frozenset[str] | set[str], forced: str = "") -> str:
 
 
 def library_path(source: Path = SOURCE, cflags: list[str] = CFLAGS) -> Path:
-    """Where the library built from `source` with `cflags` lives: `$SPECDEC_HOME/kernels/<hash>.so`."""
+    """Where the library built from `source` with `cflags` lives: `$SPECDEC_HOME/kernels/<hash>.so`, the hash
+    over the source, the local headers it includes and the flags."""
     from specdec.store import home
 
-    key = hashlib.sha256(source.read_bytes() + " ".join(cflags).encode()).hexdigest()[:16]
+    text = source.read_bytes()
+    headers = sorted(set(re.findall(rb'^#include "([\w.]+)"', text, re.M)))  # local headers (vexp.h) count too
+    text += b"".join((source.parent / h.decode()).read_bytes() for h in headers)
+    key = hashlib.sha256(text + " ".join(cflags).encode()).hexdigest()[:16]
     return home() / "kernels" / f"{key}.so"
 
 

@@ -38,30 +38,13 @@
 #include <string.h>
 #include <omp.h>
 
+#include "vexp.h"
+
 #define BLK 64    /* keys per online-softmax block */
 #define GMAX 8    /* query heads per task */
 #define DMAX 256  /* largest head dimension */
 
 static const float zero_row[DMAX] __attribute__((aligned(64)));
-
-/* exp(x) on 8 lanes (Cephes expf: range reduction by ln 2 in two parts, degree-5 polynomial, 2^n by
- * exponent bits). x is clamped to [-88.38, 88.38]; exp(0) is exactly 1. */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
-    x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
-    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
 
 /* Eight 8-lane partial sums -> their eight totals, lane u = ((a_u0+a_u1)+(a_u2+a_u3))+((a_u4+a_u5)+(a_u6+a_u7)). */
 static inline __m256 hsum8x8(const __m256 a[8]) {

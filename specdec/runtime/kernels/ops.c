@@ -15,7 +15,7 @@
  * Worked example (D = 4, one head, cos = [c0 c1 c0 c1], sin = [s0 s1 s0 s1]): x = [a b c d] becomes
  * [a*c0 + (-c)*s0, b*c1 + (-d)*s1, c*c0 + a*s0, d*c1 + b*s1].
  * silu_mul: out[i, j] = silu(g) * u with g = gu[i, j], u = gu[i, I + j] (a fused gate|up projection's row):
- *   silu(g) = g / (1 + exp(-g)), exp from Cephes' expf polynomial in AVX2 (within 2 ulp of libm), every element
+ *   silu(g) = g / (1 + exp(-g)), exp from vexp.h (Cephes' expf, as attention's softmax), every element
  *   by the same instructions (a row's tail goes through the same 8-lane code), so its bits depend only on g, u.
  * forward_layers: a decoder's layers in one call (see there): the same C functions in the same order as
  *   `model.Block.forward` calls them one by one from Python, so the same bits, without ~150 us of Python and
@@ -26,6 +26,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "vexp.h"
 
 int ops_supported(void) {
     __builtin_cpu_init();
@@ -85,30 +87,8 @@ int rope_store(float *qkv, const float *cos, const float *sin, float *kc, float 
     return 0;
 }
 
-/* e^x, 8 lanes (Cephes expf: x = n ln2 + r, |r| <= ln2 / 2, a degree-7 polynomial, times 2^n). x is clamped to
- * [-87, 88.3]: below, 2^n would leave the normal range (silu only needs e^-g ~ 0 there); above, the result is
- * inf or the largest floats, as libm's. attention.c's softmax evaluates the same polynomial (each library is
- * built from its own source file). */
-static inline __m256 exp256(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.3762626647949f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r);
-    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
 static inline __m256 silu_mul8(__m256 g, __m256 u) {
-    __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
     return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
 }
 
