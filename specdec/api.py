@@ -63,6 +63,7 @@ class LLM:
         self.heads, self.tree, self.tree_nodes = heads, tree, tree_nodes  # Medusa/EAGLE: heads folder, tree, size
         self._medusa = None
         self._eagle = None
+        self._recycling = None
         self._draft = None
         self._retrieval = None
         self._early_exit = None
@@ -80,6 +81,12 @@ class LLM:
             from specdec.drafters.prompt_lookup import PromptLookup
 
             return PromptLookup()
+        if method == "recycling":
+            if self._recycling is None:  # one table for every request: it describes the target
+                from specdec.drafters.recycling import Recycling
+
+                self._recycling = Recycling(nodes=self.tree_nodes or max(2, self.budget() - 1))
+            return self._recycling
         if method == "draft":
             return self._draft_model()
         if method == "retrieval":

@@ -221,7 +221,7 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
         committed, done = commit(stopper, emitted)
         ctx.tokens.extend(emitted)
         if drafter:
-            feedback(drafter, policy, draft, result, emitted, logits[1 + n:] if m else None, tv - td, t1 - tv)
+            feedback(drafter, policy, draft, result, emitted, logits, tv - td, t1 - tv)
         if not n and not m and len(prompt_ids) > 1:  # a plain step prices prefill work in steps (Drafter.startup)
             ctx.prefill_cost = prefill / (len(prompt_ids) - 1) / (t1 - tv)
         if drafter and not n and not m:  # the step verify rounds and draft time are priced in (plain_timing)

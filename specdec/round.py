@@ -8,7 +8,7 @@ policy. The forward itself is the caller's: one request's `model(...)` or the se
     result = verify(draft, p, generator, mode)
     settle(cache, draft, result)                # rewind (chain) or compact (tree / aux)
     committed, done = commit(stopper, result.tokens.tolist())
-    feedback(drafter, policy, draft, result, emitted, aux_logits, draft_s, target_s)
+    feedback(drafter, policy, draft, result, emitted, logits, draft_s, target_s)
 """
 
 from __future__ import annotations
@@ -53,10 +53,12 @@ def commit(stopper, emitted: list[int]) -> tuple[list[int], bool]:
 
 
 def feedback(drafter, policy, draft: Draft, result: VerifyResult, emitted: list[int],
-             aux_logits: torch.Tensor | None, draft_s: float, target_s: float) -> None:
-    """Tell the drafter how the round went; the policy learns alpha (and tau from the round's times)."""
+             logits: torch.Tensor, draft_s: float, target_s: float) -> None:
+    """Tell the drafter how the round went (`logits`: the round's rows [1+n+m, V], root, nodes, aux); the
+    policy learns alpha (and tau from the round's times)."""
     n = len(draft)
-    drafter.observe(Outcome(draft, result.num_accepted, emitted, aux_logits))
+    aux_logits = logits[1 + n:] if aux_len(draft) else None
+    drafter.observe(Outcome(draft, result.num_accepted, emitted, aux_logits, logits[:1 + n]))
     if n:
         policy.observe(draft.depth, result.num_accepted)  # a tree's depth (a chain's length)
         for measured in (policy, drafter):  # tau from this round's times (Hybrid: its proposer's policy)

@@ -47,7 +47,8 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculation")
     g.add_argument("--method", default="plain", choices=METHODS,
                    help="plain (no speculation), draft (a small draft model, --draft), prompt-lookup "
-                        "(n-grams of the context), retrieval (REST: continuations from a datastore, "
+                        "(n-grams of the context), recycling (token recycling: a tree from the target's own top candidates "
+                        "seen after the same tokens before, with prompt lookup's chain; no training, --tree-nodes), retrieval (REST: continuations from a datastore, "
                         "--datastore), early-exit (the target's first L layers, --exit-layer), lookahead (Jacobi window + n-gram pool, "
                         "no draft), hybrid (the first of --sources that proposes something), medusa (trained "
                         "heads on the target's last hidden state draft a tree, --heads, --tree), eagle (EAGLE-1/3: "
@@ -83,7 +84,7 @@ def add_lookahead_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_medusa_args(p: argparse.ArgumentParser, acceptance: bool = True) -> None:
-    g = p.add_argument_group("medusa and eagle (--method medusa|eagle, or a hybrid source)")
+    g = p.add_argument_group("medusa, eagle and recycling (--method medusa|eagle|recycling, or a hybrid source)")
     g.add_argument("--heads", default=None, metavar="DIR",
                    help="heads folder written by `specdec train medusa|eagle` (eagle: also a published EAGLE-3 "
                         "head for the same target, as vLLM/SGLang load it) (default: the store's heads for "
@@ -99,7 +100,8 @@ def add_medusa_args(p: argparse.ArgumentParser, acceptance: bool = True) -> None
     g.add_argument("--tree-nodes", type=int, default=None, metavar="N",
                    help="draft nodes in the tree (default: medusa: the size the `specdec probe` cost curve "
                         "favours; eagle: the positions one forward verifies for about the cost of one, by the "
-                        "probe, less the root, at least 4; for an eagle chain: its depth, default 6)")
+                        "probe, less the root, at least 4; for an eagle chain: its depth, default 6; recycling: that "
+                        "budget less the root, at least 2)")
     if not acceptance:
         return
     g.add_argument("--acceptance", default="exact", choices=["exact", "typical"],

@@ -56,6 +56,7 @@ class Outcome:
     num_accepted: int
     emitted: list[int]            # accepted draft tokens + the recovered or bonus token
     aux_logits: torch.Tensor | None = None  # target logits at the draft's aux positions [m, V]
+    logits: torch.Tensor | None = None  # target logits at the root and the draft's nodes [1+n, V] (Recycling)
 
 
 def common_prefix(fed: list[int], tokens: list[int]) -> int:

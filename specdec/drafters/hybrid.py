@@ -7,8 +7,9 @@ at 0.002 + 30% draft model at 0.10 = 0.031). Verification does not care which so
 q is the proposer's (None for prompt lookup), so the output is exact whatever the mix.
 
 Feedback. `observe` reaches the proposer with the round's real outcome; every other source gets
-`Outcome(Draft.empty(), 0, emitted)`: "you did not draft this round; these tokens were committed"
-(so pools can learn the text without being credited with someone else's acceptance). Sources
+`Outcome(Draft.empty(), 0, emitted)` with the root's logits row: "you did not draft this round; these
+tokens were committed" (so pools and recycling's table learn the text without being credited with someone
+else's acceptance). Sources
 with their own KV cache (DraftModel, EarlyExit) resync by common prefix on their next propose,
 whatever happened in the rounds they sat out.
 
@@ -106,8 +107,9 @@ class Hybrid(Drafter):
             self.counts[self.names[i]]["accepted"] += outcome.num_accepted
             if self.policies is not None:
                 self.policies[i].observe(outcome.draft.depth, outcome.num_accepted)  # a tree's depth
-        bystander = Outcome(Draft.empty(), 0, outcome.emitted)
-        window = Outcome(Draft.empty(), 0, outcome.emitted, outcome.aux_logits)
+        root = outcome.logits[:1] if outcome.logits is not None else None  # the root's row: any source's
+        bystander = Outcome(Draft.empty(), 0, outcome.emitted, logits=root)
+        window = Outcome(Draft.empty(), 0, outcome.emitted, outcome.aux_logits, root)
         for j, source in enumerate(self.sources):
             source.observe(outcome if j == i else window if j == self._aux_source else bystander)
 

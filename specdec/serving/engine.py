@@ -305,8 +305,7 @@ class Engine:
         committed, done = rnd.commit(slot.stopper, emitted)
         slot.ctx.tokens.extend(emitted)
         if slot.drafter:
-            aux = logits[1 + n:] if rnd.aux_len(draft) else None
-            rnd.feedback(slot.drafter, slot.policy, draft, result, emitted, aux, draft_s, target_s)
+            rnd.feedback(slot.drafter, slot.policy, draft, result, emitted, logits, draft_s, target_s)
             if n:
                 self.metrics.acceptance(slot.drafter.name, slot.job.priority, n, result.num_accepted)
         now = time.perf_counter()
