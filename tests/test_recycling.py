@@ -52,6 +52,10 @@ def test_observe_keys_every_verified_row_by_its_parent_and_token():
     r.table = {(5, 6): (7, 9)}
     d = r.propose(context([5, 6, 7, 8, 5, 6]), k=2)
     assert d.tokens.tolist() == [7, 8, 9] and d.parents.tolist() == [-1, 0, -1]
+    # a lookup matching the last token only comes after the recycled candidates
+    r.table = {(3, 6): (4,)}
+    d = r.propose(context([5, 6, 9, 3, 6]), k=2)
+    assert d.tokens.tolist() == [4, 9, 3] and d.parents.tolist() == [-1, -1, 1]
 
 
 def test_the_table_forgets_its_oldest_entries():

@@ -9,8 +9,9 @@ across requests, so it holds what this target says after the pairs of tokens it 
 
 Tree. A fixed list of rank paths, best first (as Medusa's `medusa_choices`), cut to N nodes: path
 (r1, .., rd) is the rd-th candidate after the tokens of path (r1, .., r(d-1)). The prompt-lookup chain
-(`prompt_lookup.lookup`, when the context's suffix recurs) comes first; the recycled paths fill the nodes
-left, and a path whose tokens are already in the tree is not repeated, so siblings are distinct tokens.
+(`prompt_lookup.lookup`) comes first when the context's last two tokens or more recur; the recycled paths
+fill the nodes left, then a lookup matching the last token only. A path whose tokens are already in the
+tree is not repeated, so siblings are distinct tokens.
 The draft is deterministic (q = None): the multi-candidate rule of `specdec.verify` keeps greedy output
 identical to plain decoding and sampled output distributed as plain sampling.
 
@@ -21,7 +22,7 @@ the paths (0,), (0, 0), (1,): (0,) = sat, (0, 0) = table[(cat, sat)][0] = on, (1
 rows then refresh the table under (a, cat), (cat, sat), (sat, on) and (cat, is).
 
 Measured offline (Qwen2.5-Coder-1.5B q4, greedy, 20 HumanEvalFix dev prompts, table kept across them):
-tokens per forward with 3 draft nodes 1.47 (prompt lookup's chain of 3: 1.30), with 4 nodes 1.54.
+tokens per forward with 3 draft nodes 1.50 (prompt lookup's chain of 3: 1.30).
 """
 
 from __future__ import annotations
@@ -90,10 +91,11 @@ class Recycling(Drafter):
                 tokens.append(path[-1])
                 parents.append(index[path[:-1]])
 
-        if self.lookup_chain:
-            chain = tuple(lookup(ctx.tokens, min(k, n_max)))
-            for i in range(len(chain)):
-                add(chain[:i + 1])
+        # a lookup matching two tokens or more goes first; one matching a single token only fills in
+        strong = tuple(lookup(ctx.tokens, min(k, n_max), min_n=2)) if self.lookup_chain else ()
+        weak = tuple(lookup(ctx.tokens, min(k, n_max), max_n=1)) if self.lookup_chain and not strong else ()
+        for i in range(len(strong)):
+            add(strong[:i + 1])
         by_rank: dict[tuple[int, ...], tuple[int, ...]] = {(): ()}  # rank path -> token path
         for ranks in self.paths:
             if len(tokens) >= n_max:
@@ -105,6 +107,8 @@ class Recycling(Drafter):
             if cands is not None and ranks[-1] < len(cands):
                 by_rank[ranks] = parent + (cands[ranks[-1]],)
                 add(by_rank[ranks])
+        for i in range(len(weak)):
+            add(weak[:i + 1])
         return Draft(tokens, parents)
 
     def observe(self, outcome: Outcome) -> None:

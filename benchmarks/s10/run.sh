@@ -1,0 +1,21 @@
+#!/bin/bash
+# Session 10 benchmarks (AMD Zen 4, 2 vCPU): token recycling against prompt lookup and lookahead, with llama.cpp
+# on the same file. Run on a quiet machine, sequentially, from the repository root: bash benchmarks/s10/run.sh
+# Needs: specdec pull qwen2.5-coder-1.5b smollm2-135m; pip install -e '.[compare]'
+set -x
+export PATH=$PWD/.venv/bin:$PATH
+O=benchmarks/s10; mkdir -p $O
+lscpu > $O/lscpu.txt
+# #14: our q4 methods against llama.cpp's plain decoding on the same GGUF, HumanEvalFix dev x5
+specdec bench --model qwen2.5-coder-1.5b --dtype q4 --methods plain,prompt-lookup,lookahead,recycling \
+  --prompts humanevalfix --limit 5 --max-new-tokens 128 --compare-llamacpp \
+  --no-progress --out $O/qwen1.5b-humanevalfix > $O/qwen1.5b-humanevalfix.log 2>&1
+# (after recycling's lookup order: a lookup matching 2+ tokens first, a 1-token match after the recycled paths)
+specdec bench --model qwen2.5-coder-1.5b --dtype q4 --methods plain,prompt-lookup,lookahead,recycling \
+  --prompts humanevalfix --limit 5 --max-new-tokens 128 --compare-llamacpp \
+  --no-progress --out $O/qwen1.5b-humanevalfix-2 > $O/qwen1.5b-humanevalfix-2.log 2>&1
+specdec bench --model qwen2.5-coder-1.5b --dtype q4 --methods plain,prompt-lookup,recycling \
+  --prompts spec-bench --limit 1 --max-new-tokens 64 --compare-llamacpp \
+  --no-progress --out $O/qwen1.5b-specbench > $O/qwen1.5b-specbench.log 2>&1
+specdec bench --model smollm2-135m --methods plain,prompt-lookup,recycling,eagle \
+  --prompts spec-bench --limit 1 --max-new-tokens 128 --no-progress --out $O/smollm2-specbench > $O/smollm2-specbench.log 2>&1
