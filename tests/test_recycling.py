@@ -56,6 +56,10 @@ def test_observe_keys_every_verified_row_by_its_parent_and_token():
     r.table = {(3, 6): (4,)}
     d = r.propose(context([5, 6, 9, 3, 6]), k=2)
     assert d.tokens.tolist() == [4, 9, 3] and d.parents.tolist() == [-1, -1, 1]
+    # recurring text: the chain may go k deep, past N nodes (and the policy prices k positions)
+    r = Recycling(nodes=2)
+    d = r.propose(context([1, 2, 3, 4, 5, 6, 7, 1, 2]), k=5)
+    assert d.tokens.tolist() == [3, 4, 5, 6, 7] and d.is_chain and r.nodes(5) == 5 and r.nodes(1) == 2
 
 
 def test_the_table_forgets_its_oldest_entries():

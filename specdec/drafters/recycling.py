@@ -9,8 +9,9 @@ across requests, so it holds what this target says after the pairs of tokens it 
 
 Tree. A fixed list of rank paths, best first (as Medusa's `medusa_choices`), cut to N nodes: path
 (r1, .., rd) is the rd-th candidate after the tokens of path (r1, .., r(d-1)). The prompt-lookup chain
-(`prompt_lookup.lookup`) comes first when the context's last two tokens or more recur; the recycled paths
-fill the nodes left, then a lookup matching the last token only. A path whose tokens are already in the
+(`prompt_lookup.lookup`) comes first when the context's last two tokens or more recur, as deep as the
+round's k (adaptive k goes past N where copied text keeps being accepted); the recycled paths fill the
+nodes left of N, then a lookup matching the last token only. A path whose tokens are already in the
 tree is not repeated, so siblings are distinct tokens.
 The draft is deterministic (q = None): the multi-candidate rule of `specdec.verify` keeps greedy output
 identical to plain decoding and sampled output distributed as plain sampling.
@@ -58,18 +59,23 @@ class Recycling(Drafter):
                 raise ValueError(f"path {p}: ranks must be >= 0 and its parent path listed before it")
             index.add(p)
         self.n = nodes
-        self.k_max = max(len(p) for p in self.paths)
+        self.k_max = max(max(len(p) for p in self.paths), 8 if lookup_chain else 0)  # 8: PromptLookup's
         self.ranks = 1 + max(max(p) for p in self.paths)
         self.lookup_chain = lookup_chain
         self.limit = limit
         self.table: dict = {}   # (prev, token) or token -> the target's top `ranks` next tokens, best first
         self.tail: list[int] | None = None  # the last two committed tokens (the next round's root and its predecessor)
 
-    def nodes(self, k: int) -> int:
-        """Draft positions of a round drafting at most k deep: the first N paths no deeper than k."""
+    def tree_nodes(self, k: int) -> int:
+        """Recycled nodes of a round drafting at most k deep: the first N paths no deeper than k."""
         return min(self.n, sum(1 for p in self.paths if len(p) <= k))
 
-    room = nodes  # a prompt-lookup chain takes the place of paths: never more than N nodes either
+    def nodes(self, k: int) -> int:
+        """Draft positions of such a round: the tree's, or a prompt-lookup chain k long (k > N: the policy
+        asks for a depth that only recurring text gives)."""
+        return max(self.tree_nodes(k), k) if self.lookup_chain else self.tree_nodes(k)
+
+    room = nodes
 
     def candidates(self, context: tuple[int, ...]) -> tuple[int, ...] | None:
         """The recycled candidates after the last tokens of `context`: by the last pair, else the last token."""
@@ -80,10 +86,14 @@ class Recycling(Drafter):
         self.tail = ctx.tokens[-2:]
         if k <= 0:
             return Draft.empty()
-        n_max, start = self.nodes(k), tuple(ctx.tokens[-2:])
+        n_max, start = self.tree_nodes(k), tuple(ctx.tokens[-2:])
+        # a lookup matching two tokens or more goes first, k deep; one matching a single token only fills in
+        strong = tuple(lookup(ctx.tokens, k, min_n=2)) if self.lookup_chain else ()
+        weak = tuple(lookup(ctx.tokens, min(k, n_max), max_n=1)) if self.lookup_chain and not strong else ()
         index: dict[tuple[int, ...], int] = {(): -1}  # token path -> node
-        tokens: list[int] = []
-        parents: list[int] = []
+        tokens: list[int] = list(strong)
+        parents: list[int] = list(range(-1, len(strong) - 1))
+        index.update({strong[:i + 1]: i for i in range(len(strong))})
 
         def add(path: tuple[int, ...]) -> None:
             if path not in index and len(tokens) < n_max:
@@ -91,11 +101,6 @@ class Recycling(Drafter):
                 tokens.append(path[-1])
                 parents.append(index[path[:-1]])
 
-        # a lookup matching two tokens or more goes first; one matching a single token only fills in
-        strong = tuple(lookup(ctx.tokens, min(k, n_max), min_n=2)) if self.lookup_chain else ()
-        weak = tuple(lookup(ctx.tokens, min(k, n_max), max_n=1)) if self.lookup_chain and not strong else ()
-        for i in range(len(strong)):
-            add(strong[:i + 1])
         by_rank: dict[tuple[int, ...], tuple[int, ...]] = {(): ()}  # rank path -> token path
         for ranks in self.paths:
             if len(tokens) >= n_max:
