@@ -61,6 +61,7 @@ class Recycling(Drafter):
         self.n = nodes
         self.k_max = max(max(len(p) for p in self.paths), 8 if lookup_chain else 0)  # 8: PromptLookup's
         self.ranks = 1 + max(max(p) for p in self.paths)
+        self.sizes = [min(nodes, sum(1 for p in self.paths if len(p) <= k)) for k in range(self.k_max + 1)]
         self.lookup_chain = lookup_chain
         self.limit = limit
         self.table: dict = {}   # (prev, token) or token -> the target's top `ranks` next tokens, best first
@@ -68,7 +69,7 @@ class Recycling(Drafter):
 
     def tree_nodes(self, k: int) -> int:
         """Recycled nodes of a round drafting at most k deep: the first N paths no deeper than k."""
-        return min(self.n, sum(1 for p in self.paths if len(p) <= k))
+        return self.sizes[min(k, len(self.sizes) - 1)]
 
     def nodes(self, k: int) -> int:
         """Draft positions of such a round: the tree's, or a prompt-lookup chain k long (k > N: the policy
