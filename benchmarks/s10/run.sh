@@ -19,3 +19,14 @@ specdec bench --model qwen2.5-coder-1.5b --dtype q4 --methods plain,prompt-looku
   --no-progress --out $O/qwen1.5b-specbench > $O/qwen1.5b-specbench.log 2>&1
 specdec bench --model smollm2-135m --methods plain,prompt-lookup,recycling,eagle \
   --prompts spec-bench --limit 1 --max-new-tokens 128 --no-progress --out $O/smollm2-specbench > $O/smollm2-specbench.log 2>&1
+# (final: a recurring text's lookup chain goes k deep, past the tree's N nodes) #14 again, twice; Spec-Bench; SmolLM2
+for i in 3 4; do
+specdec bench --model qwen2.5-coder-1.5b --dtype q4 --methods plain,prompt-lookup,lookahead,recycling \
+  --prompts humanevalfix --limit 5 --max-new-tokens 128 --compare-llamacpp \
+  --no-progress --out $O/qwen1.5b-humanevalfix-$i > $O/qwen1.5b-humanevalfix-$i.log 2>&1
+done
+specdec bench --model qwen2.5-coder-1.5b --dtype q4 --methods plain,prompt-lookup,recycling \
+  --prompts spec-bench --limit 1 --max-new-tokens 64 --compare-llamacpp \
+  --no-progress --out $O/qwen1.5b-specbench-2 > $O/qwen1.5b-specbench-2.log 2>&1
+specdec bench --model smollm2-135m --methods plain,prompt-lookup,recycling,eagle \
+  --prompts spec-bench --limit 1 --max-new-tokens 128 --no-progress --out $O/smollm2-specbench-2 > $O/smollm2-specbench-2.log 2>&1
