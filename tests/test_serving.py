@@ -260,15 +260,15 @@ def test_new_requests_start_from_the_servers_realized_alpha(tiny):
     model, tok = tiny
     engine = Engine(model, tok, budget=6, cost=CostCurve({1: 1.0, 2: 1.17, 4: 1.4, 8: 1.78}))  # SmolLM2 q4's probe
     job = Job(tok.encode("abc", chat=False), Request(max_new_tokens=3), method="prompt-lookup")
-    fresh = engine.new_policy(job, "prompt-lookup")
+    fresh = engine.new_policy(job, PromptLookup())
     assert fresh.prior_alpha == 0.6 and fresh.choose() > 0  # nothing realized yet: optimistic
     engine.metrics.acceptance("prompt-lookup", "interactive", 20, 2)
-    assert engine.new_policy(job, "prompt-lookup").prior_alpha == 0.6  # too little drafted to trust
+    assert engine.new_policy(job, PromptLookup()).prior_alpha == 0.6  # too little drafted to trust
     engine.metrics.acceptance("prompt-lookup", "interactive", 80, 8)
-    policy = engine.new_policy(job, "prompt-lookup")
+    policy = engine.new_policy(job, PromptLookup())
     assert policy.prior_alpha == pytest.approx(0.1) and policy.choose() == 0
     assert engine.new_policy(Job(job.prompt_ids, job.request, method="prompt-lookup", priority="batch"),
-                             "prompt-lookup").prior_alpha == 0.6  # per class
+                             PromptLookup()).prior_alpha == 0.6  # per class
 
 
 # --- the scheduler -----------------------------------------------------------------------------------
@@ -296,6 +296,11 @@ def test_priorities_gain_and_modes():
     # an ask longer than the whole headroom is shortened to fit it (a CPU's budget of 3 positions)
     assert grant([Ask("a", 4, tokens=3.0)], batch=1, budget=3) == {"a": 1}
     assert grant([Ask("a", 4, tokens=3.0), Ask("b", 4, tokens=3.0)], batch=2, budget=3) == {"a": 0, "b": 0}
+    # a tree (recycling's 3 nodes at depth 2) spends its positions, whole or not at all
+    tree = Ask("t", 2, tokens=2.0, positions=3)
+    assert grant([tree], batch=1, budget=5) == {"t": 2} and grant([tree], batch=1, budget=4) == {"t": 0}
+    # the chain's gain per unit (1/3) beats the tree's (1/4): it goes first, and the tree's 4 units no longer fit
+    assert grant([tree, Ask("c", 2, tokens=2.0)], batch=2, budget=8) == {"t": 0, "c": 2}
     with pytest.raises(ValueError, match="priority"):
         grant([Ask("a", 1, "urgent")], 1, budget=10)
     with pytest.raises(ValueError, match="budget or a cost curve"):
@@ -322,6 +327,9 @@ def test_measured_curve_grants_while_throughput_rises():
     assert grant(both, batch=7, cost=cpu) == {"job": 0, "chat": 4}
     slow = [Ask("a", 4, tokens=e4, tau=0.6)]  # 3.36 tokens in 1.3 + 4 x 0.6 steps: slower than plain
     assert grant(slow, batch=1, cost=cpu) == {"a": 0}
+    # a tree is priced by its positions: 1.5 tokens at depth 1 pay as a chain of 1 (1.05), not as 6 nodes (1.54)
+    assert grant([Ask("a", 1, tokens=1.5)], batch=1, cost=cpu) == {"a": 1}
+    assert grant([Ask("a", 1, tokens=1.5, positions=7)], batch=1, cost=cpu) == {"a": 0}
 
 
 def test_never_over_budget_property():
@@ -445,7 +453,7 @@ def test_engine_eagle_drafts_as_decode_does(tiny, tiny_folder, tree):
         refs.append((reference(model, tok, i, 24, d, FixedK(3)), logs.pop()))
     engine = Engine(model, tok, budget=100, speculation="always", max_batch=3, prefill_chunk=5,
                     drafters={"eagle": recording})
-    assert engine.methods == ("plain", "prompt-lookup", "eagle")
+    assert engine.methods == ("plain", "prompt-lookup", "eagle")  # recycling: only when the server offers it
     jobs = [Job(i, Request(max_new_tokens=24), method="eagle", k=3) for i in ids]
     events = run_engine(engine, jobs)
     assert len(logs) == len(jobs)  # one drafter per request, in admission order
@@ -461,3 +469,22 @@ def test_engine_eagle_drafts_as_decode_does(tiny, tiny_folder, tree):
 
 def plain(model, tok, job):
     return reference(model, tok, job.prompt_ids, job.request.max_new_tokens).token_ids
+
+
+def test_engine_recycling_shares_one_table_and_keeps_greedy_output(tiny):
+    """Token recycling in the server: every request drafts trees from one table (a drafter per request,
+    `Recycling.fresh`), priced by their positions, and each request's greedy output equals plain decoding's."""
+    from specdec.drafters.recycling import Recycling
+
+    model, tok = tiny
+    shared = Recycling(nodes=4)
+    curve = CostCurve({1: 1.0, 4: 1.02, 8: 1.1, 64: 8.0})  # cheap wide forwards: trees get granted
+    engine = Engine(model, tok, cost=curve, speculation="auto", max_batch=3, drafters={"recycling": shared.fresh})
+    assert engine.methods == ("plain", "prompt-lookup", "recycling")
+    ids = [tok.encode(p, chat=False) for p in PROMPTS] * 2  # the second pass finds the first pass's rows
+    jobs = [Job(i, Request(max_new_tokens=24), method="recycling") for i in ids]
+    events = run_engine(engine, jobs)
+    for job in jobs:
+        assert [t for e in events[job.id] for t in e.tokens] == plain(model, tok, job)
+    drafted, accepted = engine.metrics.totals["recycling", "interactive"]
+    assert len(shared.table) > 0 and accepted > 0 and drafted > accepted

@@ -30,3 +30,13 @@ specdec bench --model qwen2.5-coder-1.5b --dtype q4 --methods plain,prompt-looku
   --no-progress --out $O/qwen1.5b-specbench-2 > $O/qwen1.5b-specbench-2.log 2>&1
 specdec bench --model smollm2-135m --methods plain,prompt-lookup,recycling,eagle \
   --prompts spec-bench --limit 1 --max-new-tokens 128 --no-progress --out $O/smollm2-specbench-2 > $O/smollm2-specbench-2.log 2>&1
+# #14's full run: our q4 methods, our bf16 and q8 plain, transformers bf16 and llama.cpp on the same file, one run
+specdec bench --model qwen2.5-coder-1.5b --dtype q4 --plain-dtypes bf16,q8 --methods plain,prompt-lookup,lookahead,recycling \
+  --prompts humanevalfix --limit 5 --max-new-tokens 128 --compare-hf --compare-llamacpp \
+  --no-progress --out $O/qwen1.5b-humanevalfix-all > $O/qwen1.5b-humanevalfix-all.log 2>&1
+# the offline replay of recycling's design choices (tokens per forward, nothing timed)
+python benchmarks/s10/recycling_replay.py 20 > $O/recycling-replay.txt 2> $O/recycling-replay.log
+# Spec-Bench in one run: our q4 methods, our bf16 and q8 plain, transformers bf16 and llama.cpp
+specdec bench --model qwen2.5-coder-1.5b --dtype q4 --plain-dtypes bf16,q8 --methods plain,prompt-lookup,recycling \
+  --prompts spec-bench --limit 1 --max-new-tokens 64 --compare-hf --compare-llamacpp \
+  --no-progress --out $O/qwen1.5b-specbench-all > $O/qwen1.5b-specbench-all.log 2>&1

@@ -23,9 +23,11 @@ def register(sub) -> None:
     p.add_argument("--speculation", default="auto", choices=["auto", "always", "never"],
                    help="auto (default): speculate only where it pays at the current load, by priority; always: every "
                         "request drafts its adaptive k whatever the load; never: plain batched decoding")
-    p.add_argument("--method", default="prompt-lookup", choices=["prompt-lookup", "eagle", "plain"],
+    p.add_argument("--method", default="prompt-lookup", choices=["prompt-lookup", "recycling", "eagle", "plain"],
                    help="drafter for requests that speculate (default prompt-lookup; a request's "
-                        "`speculation` field may choose another). eagle: the model's EAGLE head (shipped for "
+                        "`speculation` field may choose another). recycling: token recycling, one table of the "
+                        "model's top candidates shared by every request, trees sized by the probe's budget. "
+                        "eagle: the model's EAGLE head (shipped for "
                         "smollm2-135m, else `specdec train eagle` or --heads), loaded once, a head cache per "
                         "request; offered to requests whenever the model has a head")
     p.add_argument("--heads", default=None, metavar="DIR",
@@ -75,7 +77,11 @@ def run(args) -> int:
         raise SpecdecError(f"--port must be in [0, 65535], got {args.port}")
     budget = budget_arg(args.budget)
     llm = LLM(args.model, dtype=args.dtype, heads=args.heads)
-    drafters = {}
+    from specdec.drafters.recycling import Recycling
+
+    # token recycling: one table for the server, a context per request; its tree sized by the budget
+    recycling = llm.drafter("recycling") if budget is None else Recycling(nodes=max(2, int(budget) - 1))
+    drafters = {"recycling": recycling.fresh}
     try:
         drafters["eagle"] = llm.drafter("eagle").fresh  # one head for the server, a head cache per request
     except SpecdecError:

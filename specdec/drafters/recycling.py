@@ -39,7 +39,7 @@ PATHS: tuple[tuple[int, ...], ...] = (
     (0,), (0, 0), (1,), (0, 0, 0), (2,), (0, 1), (1, 0), (0, 0, 0, 0), (3,), (0, 2), (1, 1), (2, 0),
     (0, 0, 1), (0, 1, 0), (1, 0, 0), (0, 0, 0, 0, 0), (0, 0, 0, 0, 0, 0),
 )
-TABLE_LIMIT = 1 << 20  # entries kept (the oldest go first): about 200 MB at most, a few hours of text
+TABLE_LIMIT = 1 << 19  # entries kept, the least recently refreshed go first: ~250 bytes each, ~130 MB at most
 
 
 class Recycling(Drafter):
@@ -136,6 +136,13 @@ class Recycling(Drafter):
         self.table[key] = row
         if len(self.table) > self.limit:
             del self.table[next(iter(self.table))]
+
+    def fresh(self) -> "Recycling":
+        """A drafter for another request that shares this one's table (the batched server: one table for
+        the model, each request its own context)."""
+        other = Recycling(self.n, self.paths, self.lookup_chain, self.limit)
+        other.table = self.table
+        return other
 
     def reset(self) -> None:
         """A new request: forget the context (the table is kept: it describes the target, not the request)."""

@@ -10,7 +10,7 @@
 Sampling fields: max_tokens, temperature (OpenAI's default 1; 0 = greedy), top_p, top_k, min_p, seed, stop
 (a string or up to 4), n = 1, stream, stream_options.include_usage; every response carries `usage`. Two
 extra fields: `speculation` (true/"auto"/"on": the server's method with adaptive k; false/"off": plain
-steps; or {"method": "prompt-lookup" | "eagle" | "plain" (default: the server's), "k": 4 | "auto"}) and
+steps; or {"method": "prompt-lookup" | "recycling" | "eagle" | "plain" (default: the server's), "k": 4 | "auto"}) and
 `priority` ("interactive", the default, or "batch": served speculation headroom after every interactive
 request). An unknown field, a bad value, an unknown model, malformed JSON or a prompt that does not fit the
 context gets a 400 with an OpenAI-style body {"error": {"message", "type", "param", "code"}}. With an API

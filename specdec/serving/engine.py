@@ -52,7 +52,7 @@ from specdec.serving.metrics import Metrics
 from specdec.tokenizer import Tokenizer
 from specdec.verify import verify
 
-METHODS = ("plain", "prompt-lookup", "eagle")  # what a server may draft with (eagle: where it has a head)
+METHODS = ("plain", "prompt-lookup", "recycling", "eagle")  # what a server may draft with (eagle: where it has a head)
 _ids = itertools.count(1)
 
 
@@ -91,7 +91,7 @@ class Slot:
     def __init__(self, engine: "Engine", job: Job):
         self.job = job
         self.drafter = engine.new_drafter(job.method)
-        self.policy = engine.new_policy(job, self.drafter.name) if self.drafter else None
+        self.policy = engine.new_policy(job, self.drafter) if self.drafter else None
         self.features = tuple(getattr(self.drafter, "wants_hidden_layers", ()))  # EAGLE: the target's layers
         n = len(job.prompt_ids)
         deepest = min(getattr(self.policy, "k_max", getattr(self.policy, "k", 0)), job.request.max_new_tokens - 1)
@@ -156,14 +156,16 @@ class Engine:
             raise SpecdecError(f"this server drafts with one of {', '.join(self.methods)}, not {method!r}")
         return self.sources[method]()
 
-    def new_policy(self, job: Job, drafter: str):
+    def new_policy(self, job: Job, drafter: Drafter):
         """A request's k policy. Adaptive k starts from the alpha this server has realized for its drafter and
         priority class (the dashboard's signal), not from an optimistic prior: a new request on a workload
-        where speculation loses does not ask for k until its own rounds say otherwise."""
+        where speculation loses does not ask for k until its own rounds say otherwise. A tree drafter's
+        positions at each depth (`nodes`) price its rounds."""
         if job.k != "auto":
             return FixedK(job.k)
-        alpha = self.metrics.realized_alpha(drafter, job.priority)
-        return AdaptiveK(cost=self.cost) if alpha is None else AdaptiveK(cost=self.cost, prior_alpha=alpha)
+        alpha = self.metrics.realized_alpha(drafter.name, job.priority)
+        tree = dict(nodes=drafter.nodes, k_max=drafter.k_max) if hasattr(drafter, "nodes") else {}
+        return AdaptiveK(cost=self.cost, **tree) if alpha is None else AdaptiveK(cost=self.cost, prior_alpha=alpha, **tree)
 
     def check(self, job: Job) -> None:
         """Raise SpecdecError (a 400 for the HTTP app) when a job cannot run."""
@@ -285,7 +287,9 @@ class Engine:
             k = min(choose_k(slot.policy, slot.drafter, slot.ctx), slot.ctx.remaining - 1)
             if k > 0:  # a fixed k has no estimate: counted as all accepted, free to draft
                 tokens = slot.policy.expected_tokens()[k] if hasattr(slot.policy, "expected_tokens") else k + 1.0
-                asks.append(scheduler.Ask(slot.job.id, k, slot.job.priority, tokens, getattr(slot.policy, "tau", 0.0)))
+                positions = slot.policy.positions(k) if hasattr(slot.policy, "positions") else k
+                asks.append(scheduler.Ask(slot.job.id, k, slot.job.priority, tokens, getattr(slot.policy, "tau", 0.0),
+                                          positions))
         grants = scheduler.grant(asks, len(decoding), prefill, mode, self.budget, self.curve, self.overhead)
         for a in asks:
             self.metrics.granted(a.priority, grants[a.name])

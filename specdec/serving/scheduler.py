@@ -9,7 +9,8 @@ k = 0 for this step, never a little to all. What "fits" depends on what is known
 - **A budget line** (a number: the lesson's 156, or `--budget N`). A step over B requests already fills
   B positions; a speculating request spends k + 1 units of the headroom budget - B, the lesson's
   accounting (`theory.speculation_cost`), and headroom goes by priority (`theory.allocate_headroom`).
-  An ask longer than the whole headroom is first shortened to fit it.
+  An ask longer than the whole headroom is first shortened to fit it. A tree drafter's ask counts its
+  positions (`Ask.positions`, e.g. recycling's 3 nodes at depth 2 spend 4 units), granted whole or not.
   Worked example (Ch. 7): budget 156, B = 120 -> 36 units; ten interactive requests asking k = 4
   (5 units each): seven get k = 4 (35 units), the other three and every batch job get k = 0.
 - **A measured cost curve** (`specdec probe`: the time of one forward over n positions relative to one).
@@ -60,11 +61,16 @@ class Ask:
     priority: str = "interactive"
     tokens: float = 1.0         # E[tokens per round] at that k, from the request's measured alphas
     tau: float = 0.0            # its draft cost per token, in one-position steps
+    positions: int | None = None  # draft positions it verifies at that k: a tree's nodes (None: k, a chain)
+
+    @property
+    def width(self) -> int:
+        return self.k if self.positions is None else self.positions
 
     @property
     def gain(self) -> float:
         """Marginal tokens per verified position: what one unit of the step's room buys from this request."""
-        return (self.tokens - 1) / theory.speculation_cost(self.k)
+        return (self.tokens - 1) / theory.speculation_cost(self.width)
 
 
 def extend(curve: Callable[[int], float], last: int = 64) -> Callable[[int], float]:
@@ -96,19 +102,21 @@ def grant(asks: list[Ask], batch: int, prefill: int = 0, mode: str = "auto", bud
     if budget is not None:
         room = max(theory.headroom(budget, batch + prefill), 0.0)
         cap = max(math.floor(room + 1e-9) - 1, 0)  # the longest draft whose k + 1 units fit at all
-        sessions = [theory.Session(a.name, min(a.k, cap), a.priority == "interactive", -i)
-                    for i, a in enumerate(order)]
-        return theory.allocate_headroom(sessions, room)
+        # a chain is shortened to fit; a tree (more positions than its depth) is granted whole or not at all
+        units = {a.name: min(a.k, cap) if a.width == a.k else (a.width if a.width <= cap else 0) for a in order}
+        sessions = [theory.Session(a.name, units[a.name], a.priority == "interactive", -i) for i, a in enumerate(order)]
+        given = theory.allocate_headroom(sessions, room)
+        return {a.name: given[a.name] if a.width == a.k or not given[a.name] else a.k for a in asks}
     if cost is None:
         raise ValueError("auto speculation needs a budget or a cost curve")
     positions, tokens, drafting = batch + prefill, float(batch), overhead
     granted = {a.name: 0 for a in asks}
     for a in order:
         before = tokens / (cost(positions) + drafting)
-        after = (tokens + a.tokens - 1) / (cost(positions + a.k) + drafting + a.k * a.tau)
+        after = (tokens + a.tokens - 1) / (cost(positions + a.width) + drafting + a.width * a.tau)
         if a.k > 0 and after > before:
             granted[a.name] = a.k
-            positions, tokens, drafting = positions + a.k, tokens + a.tokens - 1, drafting + a.k * a.tau
+            positions, tokens, drafting = positions + a.width, tokens + a.tokens - 1, drafting + a.width * a.tau
     return granted
 
 
