@@ -40,3 +40,7 @@ python benchmarks/s10/recycling_replay.py 20 > $O/recycling-replay.txt 2> $O/rec
 specdec bench --model qwen2.5-coder-1.5b --dtype q4 --plain-dtypes bf16,q8 --methods plain,prompt-lookup,recycling \
   --prompts spec-bench --limit 1 --max-new-tokens 64 --compare-hf --compare-llamacpp \
   --no-progress --out $O/qwen1.5b-specbench-all > $O/qwen1.5b-specbench-all.log 2>&1
+# #14 once more on the final code (run 5)
+specdec bench --model qwen2.5-coder-1.5b --dtype q4 --methods plain,prompt-lookup,lookahead,recycling \
+  --prompts humanevalfix --limit 5 --max-new-tokens 128 --compare-llamacpp \
+  --no-progress --out $O/qwen1.5b-humanevalfix-5 > $O/qwen1.5b-humanevalfix-5.log 2>&1
