@@ -333,16 +333,24 @@ def test_measured_curve_grants_while_throughput_rises():
 
 
 def test_never_over_budget_property():
+    """Chains and trees (a tree spends its positions, not its depth) never spend past the budget line, each ask
+    gets its full reachable k or none, and no interactive ask is refused for room a batch job took."""
     rng = random.Random(0)
     for _ in range(2000):
         budget = rng.randint(1, 200)
         occupancy = rng.randint(0, 220)
-        asks = [Ask(str(i), rng.randint(1, 10), rng.choice(["interactive", "batch"]), 1 + 3 * rng.random())
-                for i in range(rng.randint(0, 40))]
+        asks = []
+        for i in range(rng.randint(0, 40)):
+            k = rng.randint(1, 10)
+            tree = rng.random() < 0.3
+            asks.append(Ask(str(i), k, rng.choice(["interactive", "batch"]), 1 + 3 * rng.random(),
+                            positions=k + rng.randint(1, 5) if tree else None))
         got = grant(asks, occupancy, budget=budget)
-        spent = occupancy + sum(theory.speculation_cost(k) for k in got.values() if k)
+        units = {a.name: (a.width if a.width != a.k else got[a.name]) if got[a.name] else 0 for a in asks}
+        spent = occupancy + sum(theory.speculation_cost(u) for u in units.values() if u)
         cap = max(budget - occupancy - 1, 0)  # the longest draft that fits the headroom at all
-        asked = {a.name: min(a.k, cap) for a in asks}
+        asked = {a.name: min(a.k, cap) if a.width == a.k else (a.k if a.width <= cap else 0) for a in asks}
+        asked_units = {a.name: asked[a.name] if a.width == a.k else (a.width if asked[a.name] else 0) for a in asks}
         assert all(got[a.name] in (0, asked[a.name]) for a in asks)  # full (reachable) k or none
         if occupancy >= budget:
             assert not any(got.values())
@@ -350,8 +358,8 @@ def test_never_over_budget_property():
             assert spent <= budget
         # no interactive request was refused while a batch job speculated in the room it would have used
         refused = [a for a in asks if a.priority == "interactive" and asked[a.name] and not got[a.name]]
-        batch_spent = sum(theory.speculation_cost(got[a.name]) for a in asks if a.priority == "batch" and got[a.name])
-        assert all(theory.speculation_cost(asked[a.name]) > budget - spent + batch_spent for a in refused)
+        batch_spent = sum(theory.speculation_cost(units[a.name]) for a in asks if a.priority == "batch" and units[a.name])
+        assert all(theory.speculation_cost(asked_units[a.name]) > budget - spent + batch_spent for a in refused)
 
 
 def test_exact_models_cut_prompts_anywhere_with_the_same_output(model, tmp_path, monkeypatch):  # noqa: F811
