@@ -18,6 +18,8 @@ import sys
 
 import torch
 
+from specdec.drafters.prompt_lookup import lookup_match
+
 PATHS = [(0,), (0, 0), (1,), (0, 0, 0), (2,), (0, 1), (1, 0), (0, 0, 0, 0), (3,), (0, 2), (1, 1), (2, 0),
          (0, 0, 1), (0, 1, 0), (1, 0, 0)]
 BREADTH_FIRST = [(0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (0, 0, 0), (0, 0, 1),
@@ -42,16 +44,6 @@ def answers(n: int) -> list[tuple[list[int], list[int], torch.Tensor]]:
     return out
 
 
-def lookup(tokens, k, max_n=4, min_n=1):
-    """prompt_lookup.lookup, returning the match length too."""
-    for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
-        suffix = tokens[len(tokens) - n:]
-        for start in range(len(tokens) - n - 1, -1, -1):
-            if tokens[start:start + n] == suffix:
-                return tokens[start + n:start + n + k], n
-    return [], 0
-
-
 def replay(data, nodes: int, paths=PATHS, pair_key=True, lookup_order="strong", chain_only=False) -> float:
     """Tokens per forward. lookup_order: 'strong' (a 2+-token match first, a 1-token match last: the drafter's),
     'first' (any match first), 'none' (recycled candidates only)."""
@@ -71,7 +63,7 @@ def replay(data, nodes: int, paths=PATHS, pair_key=True, lookup_order="strong", 
         store(seq, len(ids) - 1, top[len(ids) - 1])
         while t < len(seq):
             ctx = seq[:t]
-            chain, n = lookup(ctx, 3) if lookup_order != "none" else ([], 0)
+            chain, n = lookup_match(ctx, 3) if lookup_order != "none" else ([], 0)
             by, rec = {(): ()}, []
             for r in ([] if chain_only else paths):
                 parent = by.get(r[:-1])

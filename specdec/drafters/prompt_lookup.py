@@ -17,16 +17,21 @@ from specdec.drafters.base import Context, Drafter
 
 def lookup(tokens: list[int], k: int, max_n: int = 4, min_n: int = 1) -> list[int]:
     """Continuation (up to k tokens) of the most recent earlier match of the longest suffix n-gram."""
+    return lookup_match(tokens, k, max_n, min_n)[0]
+
+
+def lookup_match(tokens: list[int], k: int, max_n: int = 4, min_n: int = 1) -> tuple[list[int], int]:
+    """`lookup`'s continuation and the length n of the suffix that matched (0: none)."""
     if k <= 0:
-        return []
+        return [], 0
     L = len(tokens)
     for n in range(min(max_n, L - 1), min_n - 1, -1):
         suffix = tokens[L - n:]
         # scan backwards for the most recent match that is not the suffix itself
         for start in range(L - n - 1, -1, -1):
             if tokens[start:start + n] == suffix:
-                return tokens[start + n:start + n + k]
-    return []
+                return tokens[start + n:start + n + k], n
+    return [], 0
 
 
 class PromptLookup(Drafter):

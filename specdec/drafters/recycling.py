@@ -9,7 +9,7 @@ across requests, so it holds what this target says after the pairs of tokens it 
 
 Tree. A fixed list of rank paths, best first (as Medusa's `medusa_choices`), cut to N nodes: path
 (r1, .., rd) is the rd-th candidate after the tokens of path (r1, .., r(d-1)). The prompt-lookup chain
-(`prompt_lookup.lookup`) comes first when the context's last two tokens or more recur, as deep as the
+(`prompt_lookup.lookup_match`) comes first when the context's last two tokens or more recur, as deep as the
 round's k (adaptive k goes past N where copied text keeps being accepted); the recycled paths fill the
 nodes left of N, then a lookup matching the last token only. A path whose tokens are already in the
 tree is not repeated, so siblings are distinct tokens.
@@ -32,7 +32,7 @@ from typing import Sequence
 
 from specdec.draft import Draft
 from specdec.drafters.base import Context, Drafter, Outcome
-from specdec.drafters.prompt_lookup import lookup
+from specdec.drafters.prompt_lookup import lookup_match
 
 # rank paths, best first (ordered by the acceptance measured in the offline replay above); then a deep chain
 PATHS: tuple[tuple[int, ...], ...] = (
@@ -89,8 +89,9 @@ class Recycling(Drafter):
             return Draft.empty()
         n_max, start = self.tree_nodes(k), tuple(ctx.tokens[-2:])
         # a lookup matching two tokens or more goes first, k deep; one matching a single token only fills in
-        strong = tuple(lookup(ctx.tokens, k, min_n=2)) if self.lookup_chain else ()
-        weak = tuple(lookup(ctx.tokens, min(k, n_max), max_n=1)) if self.lookup_chain and not strong else ()
+        chain, matched = lookup_match(ctx.tokens, k) if self.lookup_chain else ([], 0)
+        strong = tuple(chain) if matched >= 2 else ()
+        weak = tuple(chain[:n_max]) if matched == 1 else ()
         index: dict[tuple[int, ...], int] = {(): -1}  # token path -> node
         tokens: list[int] = list(strong)
         parents: list[int] = list(range(-1, len(strong) - 1))
