@@ -269,12 +269,19 @@ def test_loadtest_starts_its_own_servers(tiny, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, "-m", "specdec.cli", "loadtest", "--serve", "never,auto", "--model", tiny[0],
                           "--dtype", "fp32", "--budget", "4", "--concurrency", "2", "--requests", "2",
-                          "--prompts", str(prompts), "--max-tokens", "4", "--out", str(tmp_path / "lt")],
+                          "--prompts", str(prompts), "--max-tokens", "4", "--repeat", "3", "--out", str(tmp_path / "lt")],
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
+    order = [line.split(" c=")[0] for line in out.stderr.splitlines() if " c=2: " in line]
+    assert order == ["never", "auto", "auto", "never", "never", "auto"]  # interleaved, the first rotated
     levels = json.loads((tmp_path / "lt" / "loadtest.json").read_text())["levels"]
-    assert [(lv["mode"], lv["errors"], lv["completed"]) for lv in levels] == [("never", 0, 2), ("auto", 0, 2)]
+    assert [(lv["mode"], lv["errors"], lv["completed"], lv["requests"]) for lv in levels] == [("never", 0, 6, 6),
+                                                                                             ("auto", 0, 6, 6)]
     assert levels[0]["server"]["drafted"] == 0 and levels[0]["alpha"] is None  # never speculates
+    never, auto = levels
+    assert len(never["throughputs"]) == 3 and never["throughput"] == sorted(never["throughputs"])[1]  # the median run
+    assert never["paired"]["auto"] * auto["paired"]["never"] == pytest.approx(1.0)  # one median ratio, both ways
+    assert "× auto" in (tmp_path / "lt" / "loadtest.md").read_text() and "raw" not in never
 
 
 def test_dashboard_page_in_a_browser(tiny, client, live, tmp_path):

@@ -50,11 +50,15 @@ def register(sub) -> None:
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="with --serve: the weights' dtype")
     p.add_argument("--budget", default="auto", help="with --serve: the servers' --budget (default auto: the probe's)")
     p.add_argument("--max-batch", type=int, default=16, help="with --serve: the servers' --max-batch (default 16)")
-    p.add_argument("--method", default="prompt-lookup", choices=["prompt-lookup", "eagle"],
+    p.add_argument("--method", default="prompt-lookup", choices=["prompt-lookup", "recycling", "eagle"],
                    help="with --serve: the servers' --method, the drafter of speculating requests (default prompt-lookup)")
     p.add_argument("--concurrency", type=levels_arg, default=[1, 2, 4, 8], metavar="C,C,...",
                    help="concurrency levels (default 1,2,4,8)")
     p.add_argument("--requests", type=int, default=16, metavar="N", help="requests per level (default 16)")
+    p.add_argument("--repeat", type=int, default=1, metavar="R",
+                   help="run every level R times per server, the servers' order rotated each time, and report the "
+                        "median run's throughput with latencies pooled over the runs (default 1; the machine's speed "
+                        "drifts, so a comparison of modes wants 3 or more)")
     p.add_argument("--prompts", default="spec-bench",
                    help="spec-bench (default), humanevalfix, or a jsonl file in either format (first turns are used)")
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens per request (default 64)")
@@ -63,6 +67,16 @@ def register(sub) -> None:
     p.add_argument("--out", default="out/loadtest",
                    help="folder for loadtest.md, loadtest.json and loadtest.png (default out/loadtest)")
     p.set_defaults(func=run)
+
+
+def paired(mode: str, runs: dict[str, list[dict]]) -> dict[str, float]:
+    """`mode`'s throughput over each other mode's, the median of the ratios of runs made one after the other
+    (the r-th run of each): the machine's speed drifts by a third over minutes, and a pair shares its phase."""
+    import statistics
+
+    rate = lambda r: sum(d["tokens"] for d in r["done"]) / r["seconds"]  # noqa: E731
+    return {other: statistics.median(rate(a) / rate(b) for a, b in zip(runs[mode], theirs))
+            for other, theirs in runs.items() if other != mode}
 
 
 def free_port() -> int:
@@ -100,10 +114,10 @@ def run(args) -> int:
 
     from specdec.bench.prompts import load_prompts
     from specdec.errors import SpecdecError
-    from specdec.serving.loadtest import check_loopback, markdown, plot, run_level
+    from specdec.serving.loadtest import check_loopback, markdown, plot, pooled, run_level
 
-    if args.requests < 1 or args.max_tokens < 1 or not args.timeout > 0:
-        raise SpecdecError("--requests, --max-tokens and --timeout must be positive")
+    if args.requests < 1 or args.max_tokens < 1 or args.repeat < 1 or not args.timeout > 0:
+        raise SpecdecError("--requests, --max-tokens, --repeat and --timeout must be positive")
     if (args.url is None) == (args.serve is None):
         raise SpecdecError("give either --url (a running server) or --serve MODES (servers started here)")
     prompts = [p.turns[0] for p in load_prompts(args.prompts)]
@@ -124,12 +138,15 @@ def run(args) -> int:
             servers.append(("-", None, url))
         levels = []
         for c in args.concurrency:
-            for mode, _, url in servers:  # modes interleaved at every level
-                lv = asyncio.run(run_level(url, args.model, prompts, c, args.requests, args.max_tokens,
-                                           args.timeout, args.api_key))
-                lv["mode"] = mode
-                levels.append(lv)
-                print(f"{mode} c={c}: {lv['throughput']:.2f} tokens/s, {lv['errors']} errors", file=sys.stderr)
+            runs: dict[str, list[dict]] = {mode: [] for mode, _, _ in servers}
+            for r in range(args.repeat):  # modes interleaved at every level, none always first
+                for mode, _, url in servers[r % len(servers):] + servers[:r % len(servers)]:
+                    lv = asyncio.run(run_level(url, args.model, prompts, c, args.requests, args.max_tokens,
+                                               args.timeout, args.api_key))
+                    runs[mode] += lv["raw"]
+                    print(f"{mode} c={c}: {lv['throughput']:.2f} tokens/s, {lv['errors']} errors", file=sys.stderr)
+            for mode, mine in runs.items():
+                levels.append(dict(pooled(c, mine), mode=mode, paired=paired(mode, runs)))
     finally:
         for _, proc, _ in servers:
             if proc is not None:
@@ -138,7 +155,10 @@ def run(args) -> int:
                     proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-    title = (f"Load test: {args.model}, {args.prompts}, {args.requests} requests per level, max_tokens {args.max_tokens}"
+    for lv in levels:
+        del lv["raw"]
+    title = (f"Load test: {args.model}, {args.prompts}, {args.requests} requests per level"
+             + (f" x {args.repeat} runs (median)" if args.repeat > 1 else "") + f", max_tokens {args.max_tokens}"
              + (f", drafter {args.method}" if args.serve else ""))
     text = markdown(levels, title)
     out = Path(args.out)

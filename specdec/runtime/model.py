@@ -245,7 +245,7 @@ class FusedLayers:
         self.isas = [quant.ISAS[q] if q else 0, kernels.PATHS[path][0] if path else 0,
                      attention.ISAS[attention.isa(cfg.head_dim)]]
         self.fns = [ops.pointer(quant._load().qgemm) if q else 0,
-                    ops.pointer(kernels._load().skinny_bf16) if path else 0, ops.pointer(attention._load().attend)]
+                    ops.pointer(kernels._load().skinny_bf16) if path else 0, ops.pointer(attention._load().attend_batch)]
         self.dims = [cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size]
         self.eps = cfg.rms_norm_eps
 

@@ -264,9 +264,8 @@ class Engine:
                         for (slot, k, draft), lg, seg in zip(rounds, logits, segments[len(prefills):]))
         self.running = [s for s in self.running if s.stopper.finish_reason is None]
         positions, seconds = sum(len(s) for s in segments), time.perf_counter() - t0
-        if self.picker is not None and decoding:  # a prefill's share of the forward is not the arm's
-            prefill = self.prefill_chunk - left
-            self.picker.record(len(decoding), self.arm, committed, seconds - (tv - td) * prefill / positions)
+        if self.picker is not None and decoding and not prefills:  # a step that also prefilled is not the arm's
+            self.picker.record(len(decoding), self.arm, committed, seconds)
         if tv > td:  # the step beyond its forward, in units of one-position forwards (cost(positions) = tv - td)
             extra = (seconds - (tv - td)) / (tv - td) * self.curve(positions)
             self.overhead += OVERHEAD_WEIGHT * (extra - self.overhead)

@@ -4,7 +4,9 @@ requests with at most C in flight, each timed from the client's side.
     level = await run_level(url, model, prompts, concurrency=4, requests=16, max_tokens=64, timeout=300)
     level["throughput"], level["ttft_p50"], level["itl_p50"], level["itl_p99"], level["errors"]
 
-Throughput is completion tokens (the server's `usage`) over the level's wall time. Time to first token
+Throughput is completion tokens (the server's `usage`) over the level's wall time (`pooled`: the median of
+repeated runs; `specdec loadtest --repeat` also gives each mode's paired ratio to the others, runs made one
+after the other compared, since the machine's speed drifts). Time to first token
 (TTFT): request sent to the first non-empty text. Inter-token latency (ITL): the gaps between a
 response's successive text chunks, all responses of the level pooled (a speculative round that commits
 three tokens arrives as one chunk, so its gap is what a reader waits). A request that fails, or is still
@@ -94,35 +96,50 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
             errors.extend(["timeout"] * len(late))
     wall = time.perf_counter() - t0
     after = await server_counters(url)
-    server = {k: after[k] - before[k] for k in SERVER_COUNTERS}
+    run = dict(requests=requests, done=done, errors=errors, seconds=wall,
+               server={k: after[k] - before[k] for k in after})
+    return pooled(concurrency, [run])
+
+
+def pooled(concurrency: int, runs: list[dict]) -> dict:
+    """One row from one or more runs of a level (`--repeat`): throughput is the median run's (the machine's
+    speed drifts between runs), latencies are percentiles over every run's requests pooled, counts are sums.
+    Each run's throughput stays in `throughputs`; `raw` keeps what pooling needs."""
+    done = [d for r in runs for d in r["done"]]
+    errors = [e for r in runs for e in r["errors"]]
     gaps = [g for d in done for g in d["gaps"]]
     ttfts = [d["ttft"] for d in done if d["ttft"] is not None]
-    tokens = sum(d["tokens"] for d in done)
-    return dict(concurrency=concurrency, requests=requests, completed=len(done), errors=len(errors),
-                error_samples=sorted(set(errors))[:3], seconds=wall, tokens=tokens, throughput=tokens / wall,
+    rates = [sum(d["tokens"] for d in r["done"]) / r["seconds"] for r in runs]
+    server = {k: sum(r["server"][k] for r in runs) for k in runs[0]["server"]}
+    return dict(concurrency=concurrency, requests=sum(r["requests"] for r in runs), completed=len(done),
+                errors=len(errors), error_samples=sorted(set(errors))[:3], seconds=sum(r["seconds"] for r in runs),
+                tokens=sum(d["tokens"] for d in done), throughput=statistics.median(rates), throughputs=rates,
                 ttft_p50=percentile(ttfts, 0.5), ttft_p99=percentile(ttfts, 0.99),
                 itl_p50=percentile(gaps, 0.5), itl_p99=percentile(gaps, 0.99),
                 itl_mean=statistics.fmean(gaps) if gaps else None, server=server,
-                alpha=server["accepted"] / server["drafted"] if server["drafted"] else None)
+                alpha=server["accepted"] / server["drafted"] if server["drafted"] else None, raw=runs)
 
 
 SERVER_COUNTERS = {"steps": "specdec_steps_total", "over_budget": "specdec_steps_over_budget_total",
                    "drafted": "specdec_drafted_tokens_total", "accepted": "specdec_accepted_tokens_total"}
+ARMS = ("model", "never", "always")  # auto's arms (`scheduler.ARMS`), counted as "arm_<name>" steps
 
 
 async def server_counters(url: str) -> dict[str, float]:
     """The server's own view (its /metrics), summed over labels: steps, steps past the budget, drafted and
-    accepted tokens. A level's difference says whether and how much it speculated."""
+    accepted tokens; and auto's steps per arm. A level's difference says whether and how much it speculated."""
     from prometheus_client.parser import text_string_to_metric_families
 
     async with httpx.AsyncClient(timeout=10) as client:
         text = (await client.get(url + "/metrics")).text
-    totals = dict.fromkeys(SERVER_COUNTERS, 0.0)
+    totals = dict.fromkeys([*SERVER_COUNTERS, *(f"arm_{a}" for a in ARMS)], 0.0)
     names = {v: k for k, v in SERVER_COUNTERS.items()}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name in names:
                 totals[names[sample.name]] += sample.value
+            elif sample.name == "specdec_auto_arm_steps_total":
+                totals[f"arm_{sample.labels['arm']}"] += sample.value
     return totals
 
 
@@ -130,14 +147,18 @@ def markdown(levels: list[dict], title: str) -> str:
     ms = lambda x: "–" if x is None else f"{1000 * x:.0f}"  # noqa: E731
     rows = [f"## {title}", "",
             "| mode | concurrency | completed | errors | tokens/s | TTFT p50 ms | ITL p50 ms | ITL p99 ms "
-            "| drafted per step | α | steps past budget |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "| × the other modes (paired) | drafted per step | α | steps past budget | auto's arms (model/never/always) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"]
     for lv in levels:
         sv, steps = lv["server"], max(lv["server"]["steps"], 1)
         alpha = "–" if lv["alpha"] is None else f"{lv['alpha']:.2f}"
+        versus = ", ".join(f"{r:.2f}× {m}" for m, r in lv.get("paired", {}).items()) or "–"
+        arm_steps = [sv.get(f"arm_{a}", 0) for a in ARMS]
+        arms = "/".join(f"{100 * n / sum(arm_steps):.0f}" for n in arm_steps) + "%" if sum(arm_steps) else "–"
         rows.append(f"| {lv.get('mode', '-')} | {lv['concurrency']} | {lv['completed']}/{lv['requests']} | "
                     f"{lv['errors']} | {lv['throughput']:.2f} | {ms(lv['ttft_p50'])} | {ms(lv['itl_p50'])} | "
-                    f"{ms(lv['itl_p99'])} | {sv['drafted'] / steps:.2f} | {alpha} | {sv['over_budget'] / steps:.0%} |")
+                    f"{ms(lv['itl_p99'])} | {versus} | {sv['drafted'] / steps:.2f} | {alpha} | {sv['over_budget'] / steps:.0%} | "
+                    f"{arms} |")
     return "\n".join(rows) + "\n"
 
 

@@ -15,35 +15,42 @@ k = 0 for this step, never a little to all. What "fits" depends on what is known
   (5 units each): seven get k = 4 (35 units), the other three and every batch job get k = 0.
 - **A measured cost curve** (`specdec probe`: the time of one forward over n positions relative to one).
   On a CPU the curve rises gradually instead of breaking at a line, so a request gets its k when the
-  step's predicted throughput, tokens over time, rises with it:
+  tokens it adds per time it adds beat the step's own tokens per time by `hurdle` (20%):
       tokens = sum of E_i(k_i) over the decoding requests (1 for a plain step)
       time   = cost(B + prefill + sum k_i) + sum k_i * tau_i + overhead   (in one-position steps)
+  The hurdle is for the estimates: E_i comes from a request's measured alphas, and a grant that pays only
+  just by the estimate loses as often as it wins. At 8 and 16 SmolLM2 requests the grants without it made
+  5-7% fewer tokens per second than plain steps in every paired run (session 11, BENCHMARKS.md).
   `overhead` is the part of a server step that is not the forward and does not grow with k (the engine's
   bookkeeping, each request's verification and streaming: measured, `Engine.overhead`). Leaving it out
   overstates what a drafted position costs: at 4 SmolLM2 requests a step took 8.9 ms of which the forward
   was ~5.6, and a k = 1 ask needed alpha > 0.27 to be granted where always-on speculation paid at 0.27.
   Example: a curve with cost(1) = 1, cost(5) = 1.3, alpha 0.8 (E(4) = 3.36): alone, k = 4 turns one
-  token per 1.0 into 3.36 per 1.3: granted. Beside three others at cost(4) = 1.16, it would cost
-  cost(8) = 1.54 for 2.36 more tokens: 6.36 / 1.54 = 4.1 against 4 / 1.16 = 3.4: granted. At B = 8
-  (cost 1.54) it would cost cost(12) = 2.03: 10.36 / 2.03 = 5.1 against 8 / 1.54 = 5.2: refused.
+  token per 1.0 into 3.36 per 1.3 (2.36 more tokens for 0.3 more time: 7.9 a step against 1.0): granted.
+  Beside three others at cost(4) = 1.16, it would cost cost(8) = 1.54 for 2.36 more tokens: 2.36 / 0.38 =
+  6.2 against 4 / 1.16 = 3.4: granted. At B = 8 (cost 1.54) it would cost cost(12) = 2.03: 2.36 / 0.49 =
+  4.8 against 8 / 1.54 = 5.2: refused.
 
 Modes: auto (the above), always (every ask granted: speculation ignoring the load), never (k = 0).
 
 **Measured, not only modelled** (`ModePicker`, auto with a cost curve). The curve is a single request's
 forward; a packed step over B requests also pays per request (attention over each cache, verification,
-streaming), so the model can misjudge where speculation stops paying, and on this CPU it did: at 8 and 16
-SmolLM2 requests auto made fewer tokens per second than both always and never. So auto keeps, per batch size
-(in buckets 1, 2, 3-4, 5-8, ...), the tokens and seconds of its recent steps (less a prefill's share of the
-forward, by positions) under three arms: the model's grants ("model"), none ("never") and every ask
-("always"). It runs the model's grants unless another arm has measured more than 3% more tokens per second,
-and tries the other two in turn one step in `explore` (each first `warmup` times). It converges to the best
-of the three at every load, paying the exploration steps.
-Example: at B = 8, model 290 tok/s, never 306, always 297 -> never runs, 15 steps of 16.
+streaming), so the model can misjudge where speculation stops paying. So auto keeps, per batch size (in buckets
+1, 2, 3-4, 5-8, ...), a current arm among three: the model's grants ("model", the start), none ("never") and
+every ask ("always"). One step in `explore` runs another arm, and its tokens per second against the current
+arm's steps just before it is one sample of their ratio: paired in time, so the machine's own drift (its speed
+moves by a third over minutes) cancels out. An arm takes over when its samples say it is faster by more than
+`margin` with two standard errors to spare; a step's tokens are random (how much of its drafts the target
+accepts), so a small or unproven difference never flaps the choice.
+Example: at B = 8 the model's grants make 290 tok/s and never 320 (log ratio 0.098); with per-step noise of
+15%, 16 samples (256 steps) put two standard errors at 0.075: 0.098 - 0.075 > log 1.02, never takes over. At
+B = 1 always's tie with the model, or never's deficit, moves nothing.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -85,10 +92,10 @@ def line_of(cost: Callable[[int], float], tolerance: float = 0.10) -> int:
 
 
 def grant(asks: list[Ask], batch: int, prefill: int = 0, mode: str = "auto", budget: float | None = None,
-          cost: Callable[[int], float] | None = None, overhead: float = 0.0) -> dict[str, int]:
+          cost: Callable[[int], float] | None = None, overhead: float = 0.0, hurdle: float = 0.2) -> dict[str, int]:
     """k for every asking request this step. `batch`: B, the requests decoding (asking or not); `prefill`:
     prompt tokens scheduled beside them. Give `budget` (a line) or `cost` (a measured curve, with the step's
-    `overhead` in the same units) for auto."""
+    `overhead` in the same units, and the `hurdle` an ask's added tokens per added time must clear) for auto."""
     if mode not in MODES:
         raise ValueError(f"speculation mode must be one of {', '.join(MODES)}, got {mode!r}")
     for a in asks:
@@ -112,20 +119,25 @@ def grant(asks: list[Ask], batch: int, prefill: int = 0, mode: str = "auto", bud
     positions, tokens, drafting = batch + prefill, float(batch), overhead
     granted = {a.name: 0 for a in asks}
     for a in order:
-        before = tokens / (cost(positions) + drafting)
-        after = (tokens + a.tokens - 1) / (cost(positions + a.width) + drafting + a.width * a.tau)
-        if a.k > 0 and after > before:
+        time = cost(positions) + drafting
+        more = cost(positions + a.width) - cost(positions) + a.width * a.tau  # the time this ask adds
+        if a.k > 0 and (a.tokens - 1) * time > (1 + hurdle) * tokens * more:
             granted[a.name] = a.k
             positions, tokens, drafting = positions + a.width, tokens + a.tokens - 1, drafting + a.width * a.tau
     return granted
 
 
 class ModePicker:
-    """Auto's choice among `ARMS` per batch-size bucket, by measured tokens per second (module docstring)."""
+    """Auto's choice among `ARMS` per batch-size bucket, by measured tokens per second paired in time
+    (module docstring). `window`: the samples an arm is judged on (at least `least`); `weight`: the current
+    arm's running rate, the reference each sample is taken against."""
 
-    def __init__(self, explore: int = 16, warmup: int = 2, margin: float = 0.03, weight: float = 0.1):
-        self.explore, self.warmup, self.margin, self.weight = explore, warmup, margin, weight
-        self.seen: dict[tuple[int, str], list[float]] = {}  # (bucket, arm) -> [steps, tokens, seconds] (running means)
+    def __init__(self, explore: int = 8, margin: float = 0.02, window: int = 64, least: int = 12,
+                 weight: float = 0.1, z: float = 2.0):
+        self.explore, self.margin, self.window, self.least, self.weight, self.z = explore, margin, window, least, weight, z
+        self.current: dict[int, str] = {}                      # bucket -> the arm that runs
+        self.reference: dict[int, list[float]] = {}            # bucket -> the current arm's [tokens, seconds] (running)
+        self.samples: dict[tuple[int, str], deque[float]] = {}  # (bucket, other arm) -> log(its rate / reference)
         self.steps: dict[int, int] = {}
 
     @staticmethod
@@ -133,29 +145,39 @@ class ModePicker:
         """Batch sizes share measurements in powers of two: 1, 2, 3-4, 5-8, 9-16, ... (the bucket's top)."""
         return 1 << max(batch - 1, 0).bit_length()
 
-    def rate(self, batch: int, arm: str) -> float:
-        n, tokens, seconds = self.seen.get((self.bucket(batch), arm), (0, 0.0, 0.0))
-        return tokens / seconds if n and seconds > 0 else 0.0
-
     def choose(self, batch: int) -> str:
-        """The arm for a step over `batch` decoding requests: "model" unless another measured more than
-        `margin` better (noise between near-equal arms does not flap the choice)."""
+        """The arm for a step over `batch` decoding requests: the bucket's current arm, or one step in
+        `explore` (once the current arm has a reference) the others in turn."""
         b = self.bucket(batch)
         step = self.steps[b] = self.steps.get(b, 0) + 1
-        fresh = [a for a in ARMS if self.seen.get((b, a), (0,))[0] < self.warmup]
-        if fresh:
-            return fresh[0]
-        best = max(ARMS, key=lambda a: self.rate(batch, a))
-        if self.rate(batch, best) <= (1 + self.margin) * self.rate(batch, "model"):
-            best = "model"
-        if step % self.explore == 0:  # try the others in turn
-            others = [a for a in ARMS if a != best]
-            return others[(step // self.explore) % len(others)]
-        return best
+        current = self.current.setdefault(b, "model")
+        if step % self.explore or b not in self.reference:
+            return current
+        others = [a for a in ARMS if a != current]
+        return others[(step // self.explore) % len(others)]
 
     def record(self, batch: int, arm: str, tokens: int, seconds: float) -> None:
-        """A finished step's committed tokens and time (less any prefill's share: the caller's)."""
-        key = (self.bucket(batch), arm)
-        n, t, s = self.seen.get(key, (0, 0.0, 0.0))
-        w = max(self.weight, 1.0 / (n + 1))  # plain means while few, then running means
-        self.seen[key] = [n + 1, t + w * (tokens - t), s + w * (seconds - s)]
+        """A finished step's committed tokens and time (steps that also prefilled are the caller's to leave out)."""
+        b = self.bucket(batch)
+        current = self.current.setdefault(b, "model")
+        if arm == current:
+            ref = self.reference.get(b)
+            if ref is None:
+                self.reference[b] = [float(tokens), seconds]
+            else:
+                ref[0] += self.weight * (tokens - ref[0])
+                ref[1] += self.weight * (seconds - ref[1])
+            return
+        ref = self.reference.get(b)
+        if ref is None or seconds <= 0 or ref[0] <= 0:
+            return
+        mine = self.samples.setdefault((b, arm), deque(maxlen=self.window))
+        mine.append(math.log(max(tokens, 0.5) / seconds / (ref[0] / ref[1])))
+        if len(mine) >= self.least:
+            mean = sum(mine) / len(mine)
+            sd = math.sqrt(sum((x - mean) ** 2 for x in mine) / (len(mine) - 1))
+            if mean - self.z * sd / math.sqrt(len(mine)) > math.log(1 + self.margin):
+                self.current[b] = arm  # it takes over; the comparison starts again against it
+                self.reference.pop(b)
+                for a in ARMS:
+                    self.samples.pop((b, a), None)

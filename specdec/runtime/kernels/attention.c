@@ -35,6 +35,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <omp.h>
 
@@ -333,5 +334,45 @@ int attend(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const float
             task(q, q_sb, q_sh, q_sn, kb, vb, out, prefix[i], extra + offs[i], offs[i + 1] - offs[i],
                  b, i, h0, g, n, H, D);
     }
+    return 0;
+}
+
+/* Several requests' rows in one parallel region: the batched server's packed forward (ops.c's forward_layers),
+ * where one `attend` call per request would open a parallel region per request and layer (at 16 one-row
+ * SmolLM2 requests that overhead was 45% of the forward). Segment g is 8 words of seg: its first row r0 and
+ * rows m in q and out, its cache's slots S, its rows' prefix, offs and extra (as `attend`'s), its cache's k and
+ * v [Hk, S, D]. Row r's head h is at q + r * q_sn + h * D; out is [N, H, D]. Every (row, head) runs the same
+ * task as `attend` computes it, so the bits are `attend`'s. Returns as `attend`; 2 when out of memory. */
+int attend_batch(const float *q, int64_t q_sn, float *out, int64_t nseg, const int64_t *seg,
+                 int64_t H, int64_t Hk, int64_t D, int isa, int threads) {
+    if (D % 8 || D > DMAX || D <= 0 || Hk <= 0 || H % Hk || !attend_supported(isa) || (isa == 2 && D % 16)) return 1;
+    int64_t *first = malloc((size_t)(nseg + 1) * sizeof(int64_t));  /* segment g's first task */
+    if (!first) return 2;
+    int64_t rows = 0;
+    for (int64_t g = 0; g < nseg; g++) rows += seg[8 * g + 1];
+    const int64_t G = H / Hk, units = rows * Hk;
+    int64_t chunks = (G + GMAX - 1) / GMAX;
+    while (chunks < G && units * chunks < 2 * threads) chunks++;  /* as `attend` */
+    const int64_t gc = (G + chunks - 1) / chunks, per = (G + gc - 1) / gc;
+    first[0] = 0;
+    for (int64_t g = 0; g < nseg; g++) first[g + 1] = first[g] + seg[8 * g + 1] * Hk * per;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (int64_t t = 0; t < first[nseg]; t++) {
+        int64_t g = 0;
+        while (first[g + 1] <= t) g++;
+        const int64_t *sg = seg + 8 * g, u = t - first[g], m = sg[1], S = sg[2];
+        const int64_t c = u % per, kh = (u / per) % Hk, i = u / per / Hk;
+        const int64_t *prefix = (const int64_t *)sg[3], *offs = (const int64_t *)sg[4], *extra = (const int64_t *)sg[5];
+        const int64_t h0 = kh * G + c * gc;
+        const int gn = (int)(h0 + gc <= (kh + 1) * G ? gc : (kh + 1) * G - h0);
+        const float *kb = (const float *)sg[6] + kh * S * D, *vb = (const float *)sg[7] + kh * S * D;
+        const float *qg = q + sg[0] * q_sn;
+        float *og = out + sg[0] * H * D;
+        if (isa == 2)
+            task512(qg, 0, D, q_sn, kb, vb, og, prefix[i], extra + offs[i], offs[i + 1] - offs[i], 0, i, h0, gn, m, H, D);
+        else
+            task(qg, 0, D, q_sn, kb, vb, og, prefix[i], extra + offs[i], offs[i + 1] - offs[i], 0, i, h0, gn, m, H, D);
+    }
+    free(first);
     return 0;
 }

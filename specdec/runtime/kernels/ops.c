@@ -111,10 +111,11 @@ void silu_mul(const float *gu, float *out, int64_t rows, int64_t I) {
 
 /* ---- A decoder's layers in one call ----------------------------------------------------------------
  * Per layer, as `model.Block.forward`: h = rmsnorm(x); qkv = h W_qkv^T (+ bias); per segment, RoPE on q, k and
- * its cache write (rope_store), a = attend(q, its cache, its rows' key lists); x = x + a W_o^T;
+ * its cache write (rope_store); a = attention of every segment's rows over its own cache and key lists, in one
+ * call (attention.c's attend_batch, the bits of `attend`); x = x + a W_o^T;
  * h = rmsnorm(x); gu = h W_gate|up^T; x = x + silu_mul(gu) W_down^T. Each matmul is one of the runtime's
  * kernels called through a pointer (qgemm.c's qgemm for quantized parts, skinny.c's skinny_bf16 for bf16
- * weights), attention is attention.c's attend: the very calls Python makes, so the same bits. The rows of x
+ * weights), attention is attention.c's attend_batch: the bits of the calls Python makes. The rows of x
  * may belong to several requests (segments, each with its own cache: the batched server's packed forward);
  * a single request is one segment.
  *
@@ -128,9 +129,8 @@ void silu_mul(const float *gu, float *out, int64_t rows, int64_t I) {
 typedef int (*qgemm_fn)(int, int, const float *, const uint8_t *, const float *, const float *, const float *,
                         float *, int64_t, int64_t, int64_t, int64_t, int);
 typedef int (*skinny_fn)(int, const float *, const uint16_t *, const float *, float *, int64_t, int64_t, int64_t, int);
-typedef int (*attend_fn)(const float *, int64_t, int64_t, int64_t, const float *, const float *, float *,
-                         const int64_t *, const int64_t *, const int64_t *, int64_t, int64_t, int64_t, int64_t,
-                         int64_t, int64_t, int, int);
+typedef int (*attend_fn)(const float *, int64_t, float *, int64_t, const int64_t *, int64_t, int64_t, int64_t,
+                         int, int);
 #define PARTS 3
 #define PART_WORDS 7
 #define PROJ_WORDS (1 + PARTS * PART_WORDS)
@@ -162,21 +162,27 @@ int forward_layers(const int64_t *desc, const int64_t *segs, const int64_t *kv, 
     float *h = malloc((size_t)(n * d) * sizeof(float)), *t = malloc((size_t)(n * d) * sizeof(float));
     float *qkv = malloc((size_t)(n * wq) * sizeof(float)), *a = malloc((size_t)(n * H * D) * sizeof(float));
     float *gu = malloc((size_t)(n * 2 * I) * sizeof(float)), *act = malloc((size_t)(n * I) * sizeof(float));
-    int rc = (!h || !t || !qkv || !a || !gu || !act) ? 2 : 0;
+    int64_t *att = malloc((size_t)(nseg * 8) * sizeof(int64_t));  /* attend_batch's segments, k and v per layer */
+    int rc = (!h || !t || !qkv || !a || !gu || !act || !att) ? 2 : 0;
+    for (int64_t g = 0; g < nseg && !rc; g++) {
+        const int64_t *sg = segs + g * SEG_WORDS;
+        int64_t *ag = att + 8 * g;
+        ag[0] = sg[0]; ag[1] = sg[1]; ag[2] = sg[3]; ag[3] = sg[4]; ag[4] = sg[5]; ag[5] = sg[6];
+    }
     for (int64_t l = 0; l < L && !rc; l++) {
         const int64_t *w = desc + l * LAYER_WORDS, *proj = w + 2;
         rmsnorm(x, d, (const float *)w[0], h, d, n, d, eps);
         if ((rc = project(proj, h, qkv, n, d, wq, qgemm, skinny, isas))) break;
         for (int64_t g = 0; g < nseg && !rc; g++) {
             const int64_t *sg = segs + g * SEG_WORDS, r0 = sg[0], m = sg[1], start = sg[2], S = sg[3];
-            float *kc = (float *)kv[2 * (g * L + l)], *vc = (float *)kv[2 * (g * L + l) + 1], *qg = qkv + r0 * wq;
-            if ((rc = rope_store(qg, (const float *)sg[7], (const float *)sg[8], kc, vc, 1, m, H, Hk, D, S, start)))
-                break;
-            /* q as [1, H, m, D] inside qkv: batch stride m * wq, head stride D, row stride wq */
-            rc = attend(qg, m * wq, D, wq, kc, vc, a + r0 * H * D, (const int64_t *)sg[4], (const int64_t *)sg[5],
-                        (const int64_t *)sg[6], 1, m, H, Hk, S, D, isas[2], isas[3]);
+            float *kc = (float *)kv[2 * (g * L + l)], *vc = (float *)kv[2 * (g * L + l) + 1];
+            rc = rope_store(qkv + r0 * wq, (const float *)sg[7], (const float *)sg[8], kc, vc, 1, m, H, Hk, D, S, start);
+            att[8 * g + 6] = (int64_t)kc;
+            att[8 * g + 7] = (int64_t)vc;
         }
-        if (rc || (rc = project(proj + PROJ_WORDS, a, t, n, H * D, d, qgemm, skinny, isas))) break;
+        /* q: row r's head h at qkv + r * wq + h * D */
+        if (rc || (rc = attend(qkv, wq, a, nseg, att, H, Hk, D, isas[2], isas[3]))) break;
+        if ((rc = project(proj + PROJ_WORDS, a, t, n, H * D, d, qgemm, skinny, isas))) break;
         for (int64_t i = 0; i < n * d; i++) x[i] = x[i] + t[i];
         rmsnorm(x, d, (const float *)w[1], h, d, n, d, eps);
         if ((rc = project(proj + 2 * PROJ_WORDS, h, gu, n, d, 2 * I, qgemm, skinny, isas))) break;
@@ -185,6 +191,6 @@ int forward_layers(const int64_t *desc, const int64_t *segs, const int64_t *kv, 
         for (int64_t i = 0; i < n * d; i++) x[i] = x[i] + t[i];
         if (hidden[l]) memcpy((float *)hidden[l], x, (size_t)(n * d) * sizeof(float));
     }
-    free(h); free(t); free(qkv); free(a); free(gu); free(act);
+    free(h); free(t); free(qkv); free(a); free(gu); free(act); free(att);
     return rc;
 }
