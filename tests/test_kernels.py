@@ -21,6 +21,7 @@ needs_kernel = pytest.mark.skipif(not kernels.available(), reason=f"kernel unava
 
 SHAPES = [(1, 1), (7, 5), (13, 8), (77, 45), (64, 64), (100, 129), (257, 576), (1000, 17), (33, 1536)]
 ZEN5 = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni"}
+SPR = ZEN5 | {"amx_bf16", "amx_tile", "amx_int8"}
 
 
 @pytest.fixture(params=[p for p in kernels.PATHS if p != "torch"])
@@ -47,7 +48,7 @@ def reference(x, w, b):
 
 def as_multiplied(x, path):
     """x as `path` multiplies it: AVX512-BF16 rounds each activation to bf16 (nearest even), AVX2 keeps fp32."""
-    return x.to(torch.bfloat16).float() if path == "avx512bf16" else x
+    return x.to(torch.bfloat16).float() if path in ("avx512bf16", "amx") else x
 
 
 @pytest.mark.parametrize("out_f,in_f", SHAPES)
@@ -83,7 +84,9 @@ def test_order_invariant_bit_exact(out_f, in_f, path):
 
 
 @pytest.mark.parametrize("flags, want", [
-    (ZEN5, "avx512bf16"),                                   # Zen 4 / 5, Sapphire Rapids
+    (SPR, "amx"),                                           # Sapphire / Emerald Rapids
+    (SPR - {"amx_tile"}, "avx512bf16"),                     # (a hypervisor that hides the tiles)
+    (ZEN5, "avx512bf16"),                                   # Zen 4 / 5
     (ZEN5 - {"avx512_bf16"}, "avx2"),                       # Skylake-X, Ice Lake: AVX512 without BF16
     ({"avx2", "fma", "f16c"}, "avx2"),                      # Zen 2 / 3, Haswell on
     ({"avx2", "f16c"}, "torch"),                            # no FMA
@@ -98,8 +101,11 @@ def test_forced_path(monkeypatch):
     assert kernels.choose_path(ZEN5, "avx2") == "avx2" and kernels.choose_path(ZEN5, "torch") == "torch"
     with pytest.raises(SpecdecError, match="lacks avx512_bf16; choose one of avx2, torch"):
         kernels.choose_path(ZEN5 - {"avx512_bf16"}, "avx512bf16")
-    with pytest.raises(SpecdecError, match="unknown matmul path"):
+    with pytest.raises(SpecdecError, match="lacks amx_bf16, amx_tile; choose one of avx512bf16, avx2, torch"):
         kernels.choose_path(ZEN5, "amx")
+    assert kernels.choose_path(SPR, "avx512bf16") == "avx512bf16"
+    with pytest.raises(SpecdecError, match="unknown matmul path"):
+        kernels.choose_path(ZEN5, "amx512")
     monkeypatch.setenv("SPECDEC_MATMUL", "torch")
     assert kernels.matmul_path() == "torch" and not kernels.available()
 

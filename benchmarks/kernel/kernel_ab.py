@@ -11,6 +11,8 @@ model's matmul total. Run from the repository root, under the shared lock:
     git show main:specdec/runtime/kernels/skinny.c > /tmp/skinny_main.c
     .venv/bin/python benchmarks/kernel/kernel_ab.py /tmp/skinny_main.c \\
         specdec/runtime/kernels/skinny.c --model smollm2-135m --n 1,4,8,16,64
+    .venv/bin/python benchmarks/kernel/kernel_ab.py specdec/runtime/kernels/skinny.c \
+        specdec/runtime/kernels/skinny.c --path avx512bf16 --path-b amx   # two paths of one source
 """
 
 import argparse
@@ -51,6 +53,8 @@ def main():
     ap.add_argument("--n", default="1,4,8,16,64", help="positions per call, comma-separated")
     ap.add_argument("--reps", type=int, default=11)
     ap.add_argument("--path", default="avx512bf16", choices=[p for p in PATHS if p != "torch"])
+    ap.add_argument("--path-b", choices=[p for p in PATHS if p != "torch"], help="B's path (default: --path): "
+                    "the same source twice with --path avx512bf16 --path-b amx compares two paths")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = ap.parse_args()
     ns = [int(v) for v in args.n.split(",")]
@@ -60,10 +64,10 @@ def main():
     calls = [(name, (torch.randn(out, inn) * 0.02).to(torch.bfloat16))
              for _ in range(layers) for name, (out, inn) in shapes.items() if name != "lm"]
     calls.append(("lm", (torch.randn(*shapes["lm"]) * 0.02).to(torch.bfloat16)))
-    isa = PATHS[args.path][0]
+    isas = [PATHS[args.path][0], PATHS[args.path_b or args.path][0]]
     with tempfile.TemporaryDirectory() as tmp:
         libs = [load(args.a, Path(tmp)), load(args.b, Path(tmp))]
-        print(f"{args.model}, {layers} layers, {args.path}, {args.threads} threads; per shape: summed ms over "
+        print(f"{args.model}, {layers} layers, {args.path}/{args.path_b or args.path}, {args.threads} threads; per shape: summed ms over "
               f"a forward, median of {args.reps} sweeps, A/B (B/A)")
         rows = {name: [] for name in shapes}
         totals = [[], []]
@@ -77,7 +81,7 @@ def main():
                     for name, w in calls:
                         out, inn = w.shape
                         t = time.perf_counter()
-                        lib.skinny_bf16(isa, xs[inn].data_ptr(), w.data_ptr(), None, ys[out].data_ptr(), n, inn, out,
+                        lib.skinny_bf16(isas[i], xs[inn].data_ptr(), w.data_ptr(), None, ys[out].data_ptr(), n, inn, out,
                                         args.threads)
                         spent[name] += time.perf_counter() - t
                     if rep:

@@ -14,7 +14,7 @@ def register(sub) -> None:
                                    "positions (median of several runs); report the curve, the budget (largest n "
                                    "within 10%% of n = 1), the step time against the memory-bandwidth bound and "
                                    "prefill tokens/s, for the matmul path the runtime uses and (bf16) every other "
-                                   "one the CPU has (SPECDEC_MATMUL=avx512bf16|avx2|torch forces the runtime's). "
+                                   "one the CPU has (SPECDEC_MATMUL=amx|avx512bf16|avx2|torch forces the runtime's). "
                                    "The result is cached per model and dtype for adaptive k and the scheduler, and "
                                    "measured again when the kernel or CPU changes, when it was taken under load, "
                                    "or when its curve is implausible.")
