@@ -428,6 +428,18 @@ TAMX static void amx_unit(const uint16_t *const A[2], int64_t lda, int groups, c
         const int64_t m = n - 16 * ch < 16 ? n - 16 * ch : 16;
         for (int g = 0; g < groups; g++) {
             const int64_t og = o0 + 16 * g, valid = out - og < 16 ? out - og : 16;
+            if (k32 == in) { /* column j of C (a gather) is position j's 16 outputs, stored in one go */
+                const __mmask16 mask = (__mmask16)((1u << valid) - 1u);
+                const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                       _mm512_set1_epi32(16));
+                const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + og) : _mm512_setzero_ps();
+                for (int64_t j = 0; j < m; j++) {
+                    __m512 v = _mm512_i32gather_ps(_mm512_add_epi32(col, _mm512_set1_epi32((int)j)), c[g], 4);
+                    if (bias) v = _mm512_add_ps(v, bv);
+                    _mm512_mask_storeu_ps(y + (16 * ch + j) * out + og, mask, v);
+                }
+                continue;
+            }
             for (int64_t j = 0; j < m; j++) {
                 const int64_t i = 16 * ch + j;
                 for (int64_t o = 0; o < valid; o++) {
