@@ -110,6 +110,32 @@ def test_forced_path(monkeypatch):
     assert kernels.matmul_path() == "torch" and not kernels.available()
 
 
+def test_a_path_the_library_refuses_falls_to_the_next(monkeypatch):
+    """A CPU whose flags list AMX on a Linux that refuses the tile registers (before 5.16), or a hypervisor that
+    lists what it does not run: the next path the flags allow and the library runs, not straight to avx2."""
+    class Lib:
+        def __init__(self, runs):
+            self.runs = runs
+
+        def skinny_supported(self, isa):
+            return int(isa in self.runs)
+
+    class Kernel:
+        state, reason = True, ""
+
+        def __init__(self, runs):
+            self.lib = Lib(runs)
+
+        def get(self):
+            return self.lib
+
+    monkeypatch.delenv("SPECDEC_MATMUL", raising=False)
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset(SPR))
+    for runs, want in [({1, 2, 3}, "amx"), ({1, 2}, "avx512bf16"), ({1}, "avx2"), (set(), "torch")]:
+        monkeypatch.setattr(kernels, "_kernel", Kernel(runs))
+        assert kernels.matmul_path() == want, runs
+
+
 def test_a_model_keeps_the_path_it_was_loaded_with(monkeypatch, tiny_folder, path):
     monkeypatch.setenv("SPECDEC_MATMUL", path)
     model = load_transformer(tiny_folder, torch.bfloat16)

@@ -211,21 +211,22 @@ def _load():
 
 
 def matmul_path() -> str:
-    """The path bf16 weights run on here: "avx512bf16" or "avx2" (skinny.c) or "torch". The best the CPU's flags
-    allow (`choose_path`), or the one SPECDEC_MATMUL forces; "torch" when SPECDEC_KERNEL=0 or the library
+    """The path bf16 weights run on here: "amx", "avx512bf16" or "avx2" (skinny.c) or "torch". The best the CPU's
+    flags allow (`choose_path`), or the one SPECDEC_MATMUL forces; "torch" when SPECDEC_KERNEL=0 or the library
     cannot be built. A model keeps the path it was loaded with (`Linear.path`) for every forward."""
     forced = os.environ.get("SPECDEC_MATMUL", "").strip().lower()
     path = choose_path(cpu_flags(), forced)
     if path == "torch" or not enabled() or _load() is None:
         return "torch"
-    lib = _kernel.lib
-    if not lib.skinny_supported(PATHS[path][0]):  # /proc/cpuinfo lists what the CPU itself does not run
-        return "avx2" if path != "avx2" and lib.skinny_supported(PATHS["avx2"][0]) else "torch"
-    return path
+    lib, names = _kernel.lib, list(PATHS)
+    # /proc/cpuinfo may list what the CPU does not run (a hypervisor), or Linux may refuse AMX's tile
+    # registers (before 5.16): then the next path the CPU's flags allow and the library runs
+    return next((p for p in names[names.index(path):] if p == "torch" or (all(f in cpu_flags() for f in PATHS[p][1])
+                                                                          and lib.skinny_supported(PATHS[p][0]))), "torch")
 
 
 def unavailable(path: str) -> str:
-    """Why the kernel's `path` ("avx512bf16", "avx2") cannot run here ("" when it can): what tests skip on."""
+    """Why the kernel's `path` ("amx", "avx512bf16", "avx2") cannot run here ("" when it can): what tests skip on."""
     missing = [f for f in PATHS[path][1] if f not in cpu_flags()]
     if missing:
         return f"the CPU lacks {', '.join(missing)}"
