@@ -354,7 +354,10 @@ T512 static void round_x(const float *x, uint16_t *xb, int64_t count) {
  * AMX), 1.5B shapes, 8 layers + LM head, weights from memory (benchmarks/kernel/kernel_ab.py, medians of 5
  * interleaved sweeps), prefetching the next unit a share per step cost 10% at n = 1 (54.6 against 60.1
  * ms); units of 64 outputs were 20% slower than 32, units of 16 the same. Against the AVX512-BF16 path
- * there: n = 1 0.96-1.0x its time, n = 8 0.77x, n = 16 0.45x, n = 64 0.28x; n = 16 costs 1.07-1.10 of n = 1.
+ * there (benchmarks/s12/ab-qwen1.5b.txt): n = 1 1.03x its time (25 sweeps; the 8960-input down projection
+ * 1.12x), n = 8 0.63x, n = 16 0.37x, n = 64 0.20x; n = 16 costs 1.07 of n = 1. Storing a position's 16
+ * outputs with one gather from the C tile, rather than one by one, took 12% off SmolLM2's whole forward
+ * at n = 16 (the probe: 25.2 -> 22.3 ms).
  * x is rounded to bf16 per element (as the AVX512-BF16 path), positions go through 16 at a time (a last
  * partial chunk padded with zero columns), a last partial group of outputs through a zero-padded copy of
  * its rows, and inputs past the last multiple of 32 (none in the models here) in scalar fmaf's after the
