@@ -16,7 +16,7 @@ Example (illustrative): t(1) = 40 ms, t(8) = 43 ms, t(16) = 52 ms -> budget 8.
 It also times a prefill (prompt tokens per second, one `prefill_spans` chunk of `context` tokens) and
 records what chose the figures: the CPU's model name and matmul flags, the threads, and the matmul path
 the loaded model runs on (`loader.matmul_path`). `probe_paths` measures the same curve on every other
-path this CPU has for the model's dtype (bf16: "avx512bf16", "avx2", "torch"), so one run shows what
+path this CPU has for the model's dtype (bf16: "amx", "avx512bf16", "avx2", "torch"), so one run shows what
 each path allows; the runtime keeps the one path it chose for every forward (exactness needs it).
 
 A cached probe steers adaptive k and lookahead's configuration, so a stale one is not trusted

@@ -2,7 +2,7 @@
 
 Hugging Face names map onto fused projections: q_proj|k_proj|v_proj -> qkv, gate_proj|up_proj -> gate_up.
 
-bf16 where the skinny-GEMM kernel is available (`specdec.runtime.kernels`: gcc, AVX512-BF16 or AVX2 + FMA, not
+bf16 where the skinny-GEMM kernel is available (`specdec.runtime.kernels`: gcc, AMX, AVX512-BF16 or AVX2 + FMA, not
 disabled by SPECDEC_KERNEL=0 or SPECDEC_MATMUL=torch): the matmul weights (qkv, o, gate_up, down, LM head) and the embedding table are
 kept in bf16 and everything else in fp32, so activations, attention and the KV cache run in fp32 and
 the matmuls read half the bytes. Without the kernel, bf16 means every tensor in bf16 (torch's matmul).
@@ -124,7 +124,7 @@ def _check_shapes(folder: Path, model: Transformer, state: dict[str, torch.Tenso
 
 def matmul_path(model: Transformer) -> str:
     """The path a loaded model's matmuls take: "q4/vnni512"-style for quantized projections, the bf16 kernel's
-    ("avx512bf16", "avx2"), or "torch" (fp32, or bf16 in torch)."""
+    ("amx", "avx512bf16", "avx2"), or "torch" (fp32, or bf16 in torch)."""
     if model.quantized:
         return f"{model.quantized}/{quant.isa()}"
     if model.device.type != "cpu":

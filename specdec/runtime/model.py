@@ -19,7 +19,7 @@ Projections are fused (q|k|v and gate|up) so a decode step runs few, large matmu
 q8 / q4 (`--dtype q8|q4`): every projection and the LM head is a QLinear (integer kernels over blocks of 32,
 `specdec.runtime.kernels.quant`); the embedding table is bf16, everything else fp32, as below.
 
-bf16 where the skinny-GEMM kernel runs (the loader decides: AVX512-BF16 or AVX2, `kernels.matmul_path`): the
+bf16 where the skinny-GEMM kernel runs (the loader decides: AMX, AVX512-BF16 or AVX2, `kernels.matmul_path`): the
 projection and LM-head weights stay in bf16 and run through the kernel with fp32 activations; norms,
 the embedding lookup's output, RoPE, attention and the KV cache are fp32. `model.dtype` is then bf16
 (the weights' dtype) and `model.compute_dtype` fp32.
@@ -72,7 +72,7 @@ class ForwardOutput:
 class Linear(nn.Linear):
     """nn.Linear computing W @ x^T in fp32: on CPUs without native bf16 this streams the weight matrix
     once for a few positions (a forward over 4 positions costs about one), where x @ W^T costs ~n times one.
-    A bf16 weight with fp32 input runs the bf16 skinny-GEMM kernel on `path` ("avx512bf16" or "avx2", set by
+    A bf16 weight with fp32 input runs the bf16 skinny-GEMM kernel on `path` ("amx", "avx512bf16" or "avx2", set by
     the loader once per model: every forward, decoding and verification alike, takes the same path, so a
     position's output is bit-identical for any n)."""
 

@@ -341,27 +341,19 @@ T512 static void round_x(const float *x, uint16_t *xb, int64_t count) {
     }
 }
 
-
 /* ---- AMX-BF16: tile matrix multiplies on bf16 x and bf16 W as stored -------------------------------
  * Sapphire Rapids and later (Intel's Advanced Matrix Extensions). One `tdpbf16ps` multiplies a 16 x 32
  * bf16 tile by a 32 x 16 one into a 16 x 16 fp32 tile: 8192 multiply-adds, where `vdpbf16ps` does 32.
  * Roles: the weights are the A tile (16 outputs x 32 inputs: 16 rows of W as stored, 64 bytes each, loaded
  * with W's row stride, so W needs no repacking and a tied embedding table stays shared), x is the B tile
  * (32 inputs x 16 positions, in the pair-interleaved order the instruction wants: B row p holds, for each
- * of 16 positions, its inputs 2p and 2p + 1; packed once per call), C[o][j] is y[j][o]. A unit of 32
- * outputs keeps 2 C tiles (one per 16 outputs) and loads each 32-input step's x tile once for both; each
- * thread takes a contiguous run of units. No software prefetching: on a 2-core Xeon (family 6 model 207,
- * AMX), 1.5B shapes, 8 layers + LM head, weights from memory (benchmarks/kernel/kernel_ab.py, medians of 5
- * interleaved sweeps), prefetching the next unit a share per step cost 10% at n = 1 (54.6 against 60.1
- * ms); units of 64 outputs were 20% slower than 32, units of 16 the same. Against the AVX512-BF16 path
- * there (benchmarks/s12/ab-qwen1.5b.txt): n = 1 1.03x its time (25 sweeps; the 8960-input down projection
- * 1.12x), n = 8 0.63x, n = 16 0.37x, n = 64 0.20x; n = 16 costs 1.07 of n = 1. Storing a position's 16
- * outputs with one gather from the C tile, rather than one by one, took 12% off SmolLM2's whole forward
- * at n = 16 (the probe: 25.2 -> 22.3 ms).
- * x is rounded to bf16 per element (as the AVX512-BF16 path), positions go through 16 at a time (a last
- * partial chunk padded with zero columns), a last partial group of outputs through a zero-padded copy of
- * its rows, and inputs past the last multiple of 32 (none in the models here) in scalar fmaf's after the
- * tiles. Order per y[i, o], whatever n, row, unit or thread:
+ * of 16 positions, its inputs 2p and 2p + 1; packed once per call), C[o][j] is y[j][o], and each
+ * position's 16 outputs leave the C tile in one gather. A unit of 32 outputs keeps 2 C tiles (one per 16
+ * outputs) and loads each 32-input step's x tile once for both; each thread takes a contiguous run of
+ * units. x is rounded to bf16 per element (as the AVX512-BF16 path), positions go through 16 at a time (a
+ * last partial chunk padded with zero columns), a last partial group of outputs through a zero-padded copy
+ * of its rows, and inputs past the last multiple of 32 (none in the models here) in scalar fmaf's after
+ * the tiles. Order per y[i, o], whatever n, row, unit or thread:
  *   c = tdpbf16ps over the 32-input steps in order (16 pairs per step; the tile's per-element order is
  *       the hardware's, fixed, and never depends on the other rows or columns of the tile);
  *   for each leftover input k (in % 32 of them), in order: c = fmaf(w[k], bf16(x[k]), c);
@@ -369,7 +361,14 @@ T512 static void round_x(const float *x, uint16_t *xb, int64_t count) {
  * So a forward over n positions gives bit-identical results to n single-position forwards. Not the same
  * bits as the AVX512-BF16 path (another order): a model keeps the path it was loaded with. Linux hands
  * out the tile registers only on request (arch_prctl ARCH_REQ_XCOMP_PERM, once per process); each thread
- * loads the tile configuration per call and releases the tiles after it. */
+ * loads the tile configuration per call and releases the tiles after it.
+ * Measured on a 2-core Xeon (family 6 model 207), the 1.5B's shapes, 8 layers + LM head, weights from
+ * memory (benchmarks/kernel/kernel_ab.py, medians of interleaved sweeps): against the AVX512-BF16 path
+ * n = 1 1.03x its time (25 sweeps; the 8960-input down projection 1.12x), n = 8 0.63x, n = 16 0.37x,
+ * n = 64 0.20x, and n = 16 costs 1.07 of n = 1 (benchmarks/s12/ab-qwen1.5b.txt). Units of 64 outputs were
+ * 20% slower than 32, units of 16 the same; prefetching the next unit a share per step cost 10% at n = 1
+ * (54.6 against 60.1 ms); the one-gather store took 12% off SmolLM2's whole forward at n = 16 (25.2 ->
+ * 22.3 ms in the probe) against storing outputs one by one. */
 #define TAMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define AMX_UNIT 32 /* outputs per unit: 2 C tiles of 16 */
 
