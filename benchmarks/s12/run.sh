@@ -13,6 +13,7 @@ lscpu > $B/lscpu.txt
 .venv/bin/specdec probe --model smollm2-135m --dtype bf16 > $B/probe-smollm2-bf16.txt
 .venv/bin/specdec probe --model qwen2.5-coder-1.5b --dtype bf16 > $B/probe-qwen1.5b-bf16.txt
 .venv/bin/specdec probe --model qwen2.5-coder-1.5b --dtype q4 > $B/probe-qwen1.5b-q4.txt
+.venv/bin/specdec probe --model smollm2-135m --dtype q4 > $B/probe-smollm2-q4.txt
 .venv/bin/specdec probe --model qwen2.5-coder-1.5b --dtype bf16 --paths used > $B/probe-qwen1.5b-bf16-amx-again.txt
 # the methods with the new budget, against our plain decoding and transformers' generate, one run per model and set
 .venv/bin/specdec bench --model smollm2-135m --dtype bf16 --methods plain,prompt-lookup,recycling,lookahead,medusa,eagle@chain,eagle@dynamic \
