@@ -5,8 +5,8 @@ fp32 activations and a bf16 weight matrix, on one of four paths (`PATHS`, chosen
 flags by `choose_path`; `matmul_path()` is this machine's, `SPECDEC_MATMUL=amx|avx512bf16|avx2|torch` forces one):
 - "amx" (Sapphire Rapids and later Xeons): `skinny.c`'s AMX-BF16 path rounds x to bf16 and multiplies
   16 x 32 weight tiles (W as stored) by 32 x 16 tiles of x with `tdpbf16ps`, 8192 multiply-adds an
-  instruction: a forward over 16 positions costs about what one costs (n = 16: 1.07-1.10 of n = 1 on the
-  1.5B's shapes, where the AVX512-BF16 path pays 2.8x), and n = 1 is as fast as that path;
+  instruction: a forward over 16 positions costs about what one costs (n = 16: 1.07 of n = 1 on the
+  1.5B's shapes, where the AVX512-BF16 path pays 3.2x), and n = 1 is within 3% of that path;
 - "avx512bf16" (Zen 4/5, Sapphire Rapids and later): the C kernel (`skinny.c`) rounds each row of x to
   bf16 and multiplies 32 weights per instruction with `vdpbf16ps` into fp32 lanes, W as stored, in
   12x1 .. 6x4 register tiles (outputs x rows), 16 rows per pass over W, the 4-row passes over a tile
@@ -218,11 +218,10 @@ def matmul_path() -> str:
     path = choose_path(cpu_flags(), forced)
     if path == "torch" or not enabled() or _load() is None:
         return "torch"
-    lib, names = _kernel.lib, list(PATHS)
     # /proc/cpuinfo may list what the CPU does not run (a hypervisor), or Linux may refuse AMX's tile
     # registers (before 5.16): then the next path the CPU's flags allow and the library runs
-    return next((p for p in names[names.index(path):] if p == "torch" or (all(f in cpu_flags() for f in PATHS[p][1])
-                                                                          and lib.skinny_supported(PATHS[p][0]))), "torch")
+    names = list(PATHS)
+    return next(p for p in names[names.index(path):] if p == "torch" or not unavailable(p))
 
 
 def unavailable(path: str) -> str:

@@ -416,6 +416,7 @@ TAMX static void amx_unit(const uint16_t *const A[2], int64_t lda, int groups, c
                           int64_t o0) {
     const int64_t k32 = in & ~(int64_t)31, steps = k32 / 32, chunks = (n + 15) / 16;
     float c[2][16 * 16] __attribute__((aligned(64)));
+    const __m512i col = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64, 48, 32, 16, 0);
     for (int64_t ch = 0; ch < chunks; ch++) {
         _tile_zero(0); _tile_zero(1);
         const uint32_t *Bc = B + ch * (k32 / 2) * 16;
@@ -430,10 +431,8 @@ TAMX static void amx_unit(const uint16_t *const A[2], int64_t lda, int groups, c
         const int64_t m = n - 16 * ch < 16 ? n - 16 * ch : 16;
         for (int g = 0; g < groups; g++) {
             const int64_t og = o0 + 16 * g, valid = out - og < 16 ? out - og : 16;
-            if (k32 == in) { /* column j of C (a gather) is position j's 16 outputs, stored in one go */
+            if (k32 == in) { /* column j of C (a gather at col + j) is position j's 16 outputs, stored in one go */
                 const __mmask16 mask = (__mmask16)((1u << valid) - 1u);
-                const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                       _mm512_set1_epi32(16));
                 const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + og) : _mm512_setzero_ps();
                 for (int64_t j = 0; j < m; j++) {
                     __m512 v = _mm512_i32gather_ps(_mm512_add_epi32(col, _mm512_set1_epi32((int)j)), c[g], 4);
