@@ -115,7 +115,8 @@ class ProbeResult:
     machine: str = field(default_factory=machine_key)  # `machine_key()` when measured
     load: float = 0.0            # share of the CPUs other processes kept busy while measuring (OtherLoad)
     matmul: str = ""             # the matmul path the model ran on (`loader.matmul_path`)
-    prefill_tokens_per_s: float = 0.0  # one prompt chunk of `context` tokens, fed in one forward
+    prefill_tokens_per_s: float = 0.0  # one prompt chunk of `context` tokens, fed in one forward (`prefill`)
+    prefill_path: str = ""       # the path prompt rows took (`loader.prefill_path`; "" in probes cached before it)
     cpu: str = ""                # the CPU's model name
     cpu_flags: list[str] = field(default_factory=list)  # its flags that choose matmul paths
     paths: dict[str, dict] = field(default_factory=dict)  # other paths (`probe_paths`): seconds, budget, prefill
@@ -210,16 +211,16 @@ def sweep_curve(times: dict[int, list[float]]) -> dict[int, float]:
 def measure(model: Transformer, name: str = "", context: int = 256, sizes=SIZES, repeats: int = 5,
             tolerance: float = 0.10, progress=None) -> ProbeResult:
     from specdec.bench.report import cpu_flags, cpu_model
-    from specdec.runtime.loader import matmul_path
+    from specdec.runtime.loader import matmul_path, prefill_path
 
     load = OtherLoad()
     cache = model.new_cache(context + max(sizes))
     gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, model.cfg.vocab_size, (1, context), generator=gen)
-    model(prompt, cache, last_only=True)  # warms up; the second prefill is timed
+    prompt = torch.randint(0, model.cfg.vocab_size, (context,), generator=gen).tolist()
+    model.prefill(prompt, cache)  # warms up; the second prefill is timed
     cache.rewind(context)
     t0 = time.perf_counter()
-    model(prompt, cache, last_only=True)
+    model.prefill(prompt, cache)
     prefill = context / (time.perf_counter() - t0)
     tokens = {n: torch.randint(0, model.cfg.vocab_size, (1, n), generator=gen) for n in sizes}
     times: dict[int, list[float]] = {n: [] for n in sizes}
@@ -242,6 +243,7 @@ def measure(model: Transformer, name: str = "", context: int = 256, sizes=SIZES,
                        relative=relative, budget=budget, weight_bytes=wbytes, bandwidth_gbs=bw,
                        bound_seconds=wbytes / (bw * 1e9), threads=torch.get_num_threads(),
                        load=load.share(), matmul=matmul_path(model), prefill_tokens_per_s=prefill,
+                       prefill_path=prefill_path(model),
                        cpu=cpu_model(), cpu_flags=cpu_flags())
 
 

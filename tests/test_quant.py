@@ -75,6 +75,53 @@ def test_every_isa_gives_the_same_bits_for_any_n(fmt, out_f, in_f):
     assert torch.equal(Q.matmul(xs, qw, b), Q.reference(xs, qw, b))
 
 
+AMX = Q._load() is not None and Q._kernel.lib.qgemm_supported(Q.PREFILL_ISAS["amx"])
+
+
+@pytest.mark.skipif(not AMX, reason="the prefill path needs AMX-BF16 (Intel Sapphire Rapids or later)")
+@pytest.mark.parametrize("fmt,out_f,in_f", [("q8", 77, 576), ("q8", 40, 96), ("q4", 77, 576), ("q4", 33, 1536),
+                                            ("q4k", 77, 768), ("q6k", 77, 768), ("q6k", 16, 256)])
+def test_amx_prefill_path_close_to_the_dequantized_matmul_and_the_same_for_any_n(fmt, out_f, in_f):
+    """The prefill path dequantizes to bf16 and multiplies in AMX tiles: within bf16 rounding of the exact product
+    (closer than the integer kernel's 8-bit activations; a weight or input paired with the wrong partner is off
+    by ~1), and each row's bits independent of n, threads and row order (prompt chunks of any size agree)."""
+    w, x, b = case(out_f, in_f, 40)
+    qw = Q.from_fp32(w, fmt) if fmt in Q.FORMATS else k_weight({"q4k": "Q4_K", "q6k": "Q6_K"}[fmt], out_f, in_f)
+    exact = x.double() @ Q.dequantize(qw).double().t() + b.double()
+    got = Q.matmul(x, qw, b, use="amx")
+    assert ((got.double() - exact).abs().max() / exact.abs().max()).item() < 0.005
+    for n in (1, 5, 16, 17, 33):
+        for threads in (1, 2):
+            assert torch.equal(Q.matmul(x[:n], qw, b, use="amx", threads=threads), got[:n]), (n, threads)
+    order = torch.randperm(40, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(Q.matmul(x[order], qw, b, use="amx"), got[order])
+    with pytest.raises(RuntimeError, match="not supported"):  # whole blocks of 32 inputs only
+        Q.matmul(torch.randn(3, 70), Q.from_fp32(torch.randn(16, 70), "q8"), use="amx")
+
+
+def test_prefill_isa_is_off_when_an_isa_is_forced(monkeypatch):
+    monkeypatch.setenv("SPECDEC_QKERNEL", "avx2")
+    assert Q.prefill_isa() is None
+    monkeypatch.delenv("SPECDEC_QKERNEL")
+    monkeypatch.setenv("SPECDEC_QPREFILL", "0")
+    assert Q.prefill_isa() is None
+    monkeypatch.delenv("SPECDEC_QPREFILL")
+    assert Q.prefill_isa() == ("amx" if AMX else None)
+
+
+@pytest.mark.parametrize("fmt", Q.FORMATS)
+def test_prefill_gives_the_same_cache_whatever_the_chunks(tiny_folder, fmt):
+    """A prompt prefilled in one piece or in two (the server's chunks) leaves the same cache and logits."""
+    model = load_transformer(tiny_folder, fmt)
+    ids = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(4)).tolist()
+    whole, parts = model.new_cache(64), model.new_cache(64)
+    one = model.prefill(ids, whole).logits
+    model.prefill(ids[:13], parts)
+    two = model.prefill(ids[13:], parts).logits
+    assert torch.equal(one, two)
+    assert all(torch.equal(a[:, :, :40], b[:, :, :40]) for a, b in zip(whole.k + whole.v, parts.k + parts.v))
+
+
 @pytest.mark.parametrize("fmt", Q.FORMATS)
 def test_close_to_the_dequantized_matmul(fmt):
     w, x, b = case(257, 576, 5)

@@ -49,9 +49,9 @@ def check_packed_forward(model, exact: bool):
     tree = Draft(torch.tensor([5, 6, 7, 8]), torch.tensor([-1, -1, 0, 0]))
     offsets, local = forward_layout(tree)
     own, packed = [], []
-    for p in prompts:  # the reference: each request alone, prompt then a chain or a tree
+    for p in prompts:  # the reference: each request alone, prompt (prefilled, as decode() does) then a chain or a tree
         c = model.new_cache(128)
-        model(torch.tensor([p]), c)
+        model.prefill(p, c)
         start = c.length
         mask = torch.ones(1, 5, start + 5, dtype=torch.bool)
         mask[0, :, start:] = local
@@ -67,6 +67,35 @@ def check_packed_forward(model, exact: bool):
         assert close(a, chain) and close(b, tr)
         assert pc.length == c.length
         assert close(pc.k[0][:, :, :pc.length], c.k[0][:, :, :c.length])
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_prefill_rows_keep_their_path_beside_decoding_rows(tiny_folder, fmt):
+    """Quantized models: prompt rows take the prefill path (`quant.prefill_isa`: AMX where the CPU has it) and
+    decoding rows the integer kernel, in one packed forward too: a prompt prefilled between two requests' chains
+    gets the cache of its own `prefill`, and the chains the logits of their own forwards, bit for bit."""
+    from specdec.runtime.kernels import quant
+
+    model = load_transformer(tiny_folder, fmt)
+    check_packed_forward(model, exact=True)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (7, 30, 9)]
+    own, packed = [], []
+    for p in prompts:
+        c = model.new_cache(128)
+        model.prefill(p, c)
+        own.append((model(torch.tensor([[9, 10, 11]]), c).logits[0], c))
+        packed.append(model.new_cache(128))
+    packed_forward(model, [Segment(packed[0], prompts[0], logits=False), Segment(packed[2], prompts[2], logits=False)])
+    a, none, b = packed_forward(model, [Segment(packed[0], [9, 10, 11]), Segment(packed[1], prompts[1], logits=False),
+                                        Segment(packed[2], [9, 10, 11])])
+    assert none is None and torch.equal(a, own[0][0]) and torch.equal(b, own[2][0])
+    for (_, c), pc in zip(own, packed):  # the middle request holds its prompt only
+        assert all(torch.equal(x[:, :, :pc.length], y[:, :, :pc.length]) for x, y in zip(pc.k + pc.v, c.k + c.v))
+    if quant.prefill_isa():  # the prompt really took another path: a plain forward writes other bits
+        c = model.new_cache(128)
+        model(torch.tensor([prompts[1]]), c)
+        assert not torch.equal(c.k[1][:, :, :30], own[1][1].k[1][:, :, :30])
 
 
 # --- the engine: output equals decode() ---------------------------------------------------------------

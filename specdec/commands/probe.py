@@ -64,7 +64,9 @@ def run(args) -> int:
                                     for c in curves.values()))
     for p, c in curves.items():
         print(f"{p}: budget {c['budget']} positions per forward within 10% of one; "
-              f"prefill {c['prefill_tokens_per_s']:.1f} tokens/s" + (" (used)" if p == result.matmul else ""))
+              f"prefill {c['prefill_tokens_per_s']:.1f} tokens/s"
+              + (f" on {result.prefill_path}" if p == result.matmul and result.prefill_path not in ("", p) else "")
+              + (" (used)" if p == result.matmul else ""))
     print(f"step {result.seconds[1] * 1e3:.1f} ms against a bandwidth bound of {result.bound_seconds * 1e3:.1f} ms "
           f"({result.weight_bytes / 1e6:.0f} MB of weights at {result.bandwidth_gbs:.1f} GB/s measured): "
           f"{result.bound_seconds / result.seconds[1]:.0%} of the bound")

@@ -132,6 +132,15 @@ def matmul_path(model: Transformer) -> str:
     return model.lm_head.path or "torch"
 
 
+def prefill_path(model: Transformer) -> str:
+    """The path prompt rows' matmuls take (`Transformer.prefill`): "q4/amx"-style where the quantized layers have a
+    prefill ISA (`quant.prefill_isa`), else `matmul_path(model)`."""
+    fused = model.fused_layers if model.quantized and model.device.type == "cpu" else None
+    isa = next((name for name, code in quant.PREFILL_ISAS.items() if fused is not None and code == fused.prefill_isa),
+               None)
+    return f"{model.quantized}/{isa}" if isa else matmul_path(model)
+
+
 def load_transformer(folder: str | Path, dtype: torch.dtype | str = torch.float32,
                      device: torch.device | str = "cpu") -> Transformer:
     """The model in `folder` with weights in `dtype` (`resolve_dtype`) on `device` (`resolve_device`): on a GPU

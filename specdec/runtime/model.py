@@ -242,8 +242,12 @@ class FusedLayers:
         self.desc = torch.tensor(rows, dtype=torch.int64)
         q = next((b.qkv.use for b in model.layers if isinstance(b.qkv, QLinear)), None)
         path = next((b.qkv.path for b in model.layers if isinstance(b.qkv, Linear)), None)
+        whole = all(qw.in_features % quant.BLOCK == 0 for b in model.layers for proj in (b.qkv, b.o, b.gate_up, b.down)
+                    if isinstance(proj, QLinear) for qw, _, _ in proj.calls)
+        prefill = quant.prefill_isa() if q and whole else None  # the prefill path takes whole blocks of inputs
         self.isas = [quant.ISAS[q] if q else 0, kernels.PATHS[path][0] if path else 0,
                      attention.ISAS[attention.isa(cfg.head_dim)]]
+        self.prefill_isa = quant.PREFILL_ISAS[prefill] if prefill else 0
         self.fns = [ops.pointer(quant._load().qgemm) if q else 0,
                     ops.pointer(kernels._load().skinny_bf16) if path else 0, ops.pointer(attention._load().attend_batch)]
         self.dims = [cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size]
@@ -283,17 +287,18 @@ class FusedLayers:
 
     def __call__(self, x: torch.Tensor, segments: list[tuple], layers: int, hidden: dict[int, torch.Tensor]) -> None:
         """Run the first `layers` layers on x [1, N, d] (fp32, contiguous) in place; hidden[i] receives x after
-        layer i. segments: (first row, rows, cache, start, RowPlan, cos, sin) per request whose rows these are,
-        cos and sin [rows, D] contiguous (one request: one segment over all N rows)."""
+        layer i. segments: (first row, rows, cache, start, RowPlan, cos, sin, prefill) per request whose rows
+        these are, in row order, cos and sin [rows, D] contiguous (one request: one segment over all N rows);
+        `prefill` marks prompt rows, whose quantized matmuls take `quant.prefill_isa()` where there is one."""
         segs, kv = [], []
-        for row0, n, cache, start, plan, cos, sin in segments:
+        for row0, n, cache, start, plan, cos, sin, prefill in segments:
             r = plan.rows
             segs += [row0, n, start, cache.max_len, r.prefix.data_ptr(), r.offs.data_ptr(), r.extra.data_ptr(),
-                     cos.data_ptr(), sin.data_ptr()]
+                     cos.data_ptr(), sin.data_ptr(), int(prefill)]
             kv += [t.data_ptr() for i in range(layers) for t in (cache.k[i], cache.v[i])]
         out = [hidden[i].data_ptr() if i in hidden else 0 for i in range(layers)]
         ops.forward_layers(self.desc, segs, kv, out, x, self.dims + [x.shape[1], layers, len(segments)], self.eps,
-                           self.isas + [torch.get_num_threads()], self.fns)
+                           self.isas + [torch.get_num_threads(), self.prefill_isa], self.fns)
 
 
 @dataclass
@@ -426,7 +431,7 @@ class Transformer(nn.Module):
         out, start, layers = None, cache.length, []
         for a, b in prefill_spans(start, start + len(tokens)):
             out = self(torch.tensor([list(tokens[a - start:b - start])]), cache, hidden_layers=hidden_layers,
-                       exit_layer=exit_layer, last_only=True)
+                       exit_layer=exit_layer, last_only=True, prefill=True)
             layers.append(out.hidden)
         if len(layers) > 1:
             out.hidden.update({i: torch.cat([h[i] for h in layers], dim=1) for i in out.hidden if i >= 0})
@@ -474,9 +479,11 @@ class Transformer(nn.Module):
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, hidden_layers: Sequence[int] = (),
-                exit_layer: int | None = None, last_only: bool = False, on_device: bool = False) -> ForwardOutput:
+                exit_layer: int | None = None, last_only: bool = False, on_device: bool = False,
+                prefill: bool = False) -> ForwardOutput:
         """Logits [B, n, V] fp32 (n = 1 with `last_only`) and the requested hidden states, on the host (on the
-        model's device with `on_device`: batched data generation keeps its loop there)."""
+        model's device with `on_device`: batched data generation keeps its loop there). `prefill`: the tokens
+        are prompt tokens (`prefill`), whose quantized matmuls may take a faster path (`quant.prefill_isa`)."""
         B, n = tokens.shape
         start = cache.length
         if start + n > cache.max_len:
@@ -496,7 +503,7 @@ class Transformer(nn.Module):
         if plan is not None and B == 1 and on_host and self.fused_layers is not None and x.dtype == torch.float32:
             x = x.contiguous()
             hidden = {i: torch.empty_like(x) for i in hidden_layers if 0 <= i < n_layers}
-            self.fused_layers(x, [(0, n, cache, start, plan, cos, sin)], n_layers, hidden)
+            self.fused_layers(x, [(0, n, cache, start, plan, cos, sin, prefill)], n_layers, hidden)
         else:
             for i in range(n_layers):
                 x = self.layers[i](x, cos, sin, cache, i, start, mask, plan)

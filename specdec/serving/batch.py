@@ -80,8 +80,8 @@ def packed_forward(model: Transformer, segments: list[Segment],
     if fused:  # the layers in one C call (`FusedLayers`), each segment attending over its own cache: the same bits
         x = x.contiguous()
         after = {i: torch.empty_like(x) for i in wanted}
-        model.fused_layers(x, [(a, b - a, s.cache, start, plan, cos, sin) for s, start, (a, b), (cos, sin), (_, plan)
-                               in zip(segments, starts, bounds, ropes, plans)], model.cfg.num_layers, after)
+        model.fused_layers(x, [(a, b - a, s.cache, start, plan, cos, sin, not s.logits) for s, start, (a, b), (cos, sin),
+                               (_, plan) in zip(segments, starts, bounds, ropes, plans)], model.cfg.num_layers, after)
         kept = {i: h[0] for i, h in after.items()}
     for layer, block in enumerate(() if fused else model.layers):
         qkv = block.qkv(block.input_norm(x))

@@ -122,10 +122,12 @@ void silu_mul(const float *gu, float *out, int64_t rows, int64_t I) {
  * desc, per layer LAYER_WORDS int64: the two norms' weights, then the projections qkv, o, gate_up, down, each
  * [parts, then PARTS x (kind, fmt, weights, scales, mins, bias, rows)] (kind 0: qgemm, fmt its format code;
  * kind 1: skinny_bf16, one part). segs, per segment SEG_WORDS int64: its first row in x, rows n, cache start,
- * cache slots S, the attention plan's prefix, offs and extra (attention.c), its cos and sin [n, D]. kv, per
+ * cache slots S, the attention plan's prefix, offs and extra (attention.c), its cos and sin [n, D], 1 when its rows
+ * are prompt rows being prefilled (their quantized matmuls then run on isas[4], qgemm.c's prefill ISA, unless
+ * that is 0: prompt processing is verified against nothing, so it may take a faster path). kv, per
  * segment and layer: the cache's k and v [1, Hk, S, D]. hidden: per layer 0 or an [N, d] buffer that receives
  * x after it. dims: d, H, Hk, D, I, N (rows of x), layers, segments. isas: qgemm's, skinny's, attend's,
- * threads. Returns 0, or the first failing call's nonzero code (2: out of memory). */
+ * threads, qgemm's for prefill rows (0: qgemm's). Returns 0, or the first failing call's nonzero code (2: out of memory). */
 typedef int (*qgemm_fn)(int, int, const float *, const uint8_t *, const float *, const float *, const float *,
                         float *, int64_t, int64_t, int64_t, int64_t, int);
 typedef int (*skinny_fn)(int, const float *, const uint16_t *, const float *, float *, int64_t, int64_t, int64_t, int);
@@ -135,17 +137,23 @@ typedef int (*attend_fn)(const float *, int64_t, float *, int64_t, const int64_t
 #define PART_WORDS 7
 #define PROJ_WORDS (1 + PARTS * PART_WORDS)
 #define LAYER_WORDS (2 + 4 * PROJ_WORDS)
-#define SEG_WORDS 9
+#define SEG_WORDS 10
 
+/* y = x W^T over the rows of x, each projection part into its columns. Quantized parts take the rows in `runs`
+ * (first row, rows, qgemm ISA per run of segments: prefill rows on the prefill ISA), bf16 parts all rows at once. */
 static int project(const int64_t *p, const float *x, float *y, int64_t n, int64_t in, int64_t out,
-                   qgemm_fn qgemm, skinny_fn skinny, const int *isas) {
+                   qgemm_fn qgemm, skinny_fn skinny, const int *isas, const int64_t *runs, int64_t nruns) {
     int64_t col = 0;
     for (int64_t k = 0; k < p[0]; k++) {
         const int64_t *q = p + 1 + k * PART_WORDS;
-        int rc = q[0] == 0
-            ? qgemm((int)q[1], isas[0], x, (const uint8_t *)q[2], (const float *)q[3], (const float *)q[4],
-                    (const float *)q[5], y + col, out, n, in, q[6], isas[3])
-            : skinny(isas[1], x, (const uint16_t *)q[2], (const float *)q[5], y, n, in, q[6], isas[3]);
+        int rc = 0;
+        if (q[0] == 0)
+            for (int64_t r = 0; r < nruns && !rc; r++)
+                rc = qgemm((int)q[1], (int)runs[3 * r + 2], x + runs[3 * r] * in, (const uint8_t *)q[2],
+                           (const float *)q[3], (const float *)q[4], (const float *)q[5], y + runs[3 * r] * out + col,
+                           out, runs[3 * r + 1], in, q[6], isas[3]);
+        else
+            rc = skinny(isas[1], x, (const uint16_t *)q[2], (const float *)q[5], y, n, in, q[6], isas[3]);
         if (rc) return rc;
         col += q[6];
     }
@@ -163,7 +171,13 @@ int forward_layers(const int64_t *desc, const int64_t *segs, const int64_t *kv, 
     float *qkv = malloc((size_t)(n * wq) * sizeof(float)), *a = malloc((size_t)(n * H * D) * sizeof(float));
     float *gu = malloc((size_t)(n * 2 * I) * sizeof(float)), *act = malloc((size_t)(n * I) * sizeof(float));
     int64_t *att = malloc((size_t)(nseg * 8) * sizeof(int64_t));  /* attend_batch's segments, k and v per layer */
-    int rc = (!h || !t || !qkv || !a || !gu || !act || !att) ? 2 : 0;
+    int64_t *runs = malloc((size_t)(nseg * 3) * sizeof(int64_t)), nruns = 0; /* consecutive segments, one qgemm ISA */
+    int rc = (!h || !t || !qkv || !a || !gu || !act || !att || !runs) ? 2 : 0;
+    for (int64_t g = 0; g < nseg && !rc; g++) {
+        const int64_t *sg = segs + g * SEG_WORDS, isa = sg[9] && isas[4] ? isas[4] : isas[0];
+        if (nruns && runs[3 * nruns - 1] == isa) runs[3 * nruns - 2] += sg[1];
+        else runs[3 * nruns] = sg[0], runs[3 * nruns + 1] = sg[1], runs[3 * nruns + 2] = isa, nruns++;
+    }
     for (int64_t g = 0; g < nseg && !rc; g++) {
         const int64_t *sg = segs + g * SEG_WORDS;
         int64_t *ag = att + 8 * g;
@@ -172,7 +186,7 @@ int forward_layers(const int64_t *desc, const int64_t *segs, const int64_t *kv, 
     for (int64_t l = 0; l < L && !rc; l++) {
         const int64_t *w = desc + l * LAYER_WORDS, *proj = w + 2;
         rmsnorm(x, d, (const float *)w[0], h, d, n, d, eps);
-        if ((rc = project(proj, h, qkv, n, d, wq, qgemm, skinny, isas))) break;
+        if ((rc = project(proj, h, qkv, n, d, wq, qgemm, skinny, isas, runs, nruns))) break;
         for (int64_t g = 0; g < nseg && !rc; g++) {
             const int64_t *sg = segs + g * SEG_WORDS, r0 = sg[0], m = sg[1], start = sg[2], S = sg[3];
             float *kc = (float *)kv[2 * (g * L + l)], *vc = (float *)kv[2 * (g * L + l) + 1];
@@ -182,15 +196,15 @@ int forward_layers(const int64_t *desc, const int64_t *segs, const int64_t *kv, 
         }
         /* q: row r's head h at qkv + r * wq + h * D */
         if (rc || (rc = attend(qkv, wq, a, nseg, att, H, Hk, D, isas[2], isas[3]))) break;
-        if ((rc = project(proj + PROJ_WORDS, a, t, n, H * D, d, qgemm, skinny, isas))) break;
+        if ((rc = project(proj + PROJ_WORDS, a, t, n, H * D, d, qgemm, skinny, isas, runs, nruns))) break;
         for (int64_t i = 0; i < n * d; i++) x[i] = x[i] + t[i];
         rmsnorm(x, d, (const float *)w[1], h, d, n, d, eps);
-        if ((rc = project(proj + 2 * PROJ_WORDS, h, gu, n, d, 2 * I, qgemm, skinny, isas))) break;
+        if ((rc = project(proj + 2 * PROJ_WORDS, h, gu, n, d, 2 * I, qgemm, skinny, isas, runs, nruns))) break;
         silu_mul(gu, act, n, I);
-        if ((rc = project(proj + 3 * PROJ_WORDS, act, t, n, I, d, qgemm, skinny, isas))) break;
+        if ((rc = project(proj + 3 * PROJ_WORDS, act, t, n, I, d, qgemm, skinny, isas, runs, nruns))) break;
         for (int64_t i = 0; i < n * d; i++) x[i] = x[i] + t[i];
         if (hidden[l]) memcpy((float *)hidden[l], x, (size_t)(n * d) * sizeof(float));
     }
-    free(h); free(t); free(qkv); free(a); free(gu); free(act); free(att);
+    free(h); free(t); free(qkv); free(a); free(gu); free(act); free(att); free(runs);
     return rc;
 }

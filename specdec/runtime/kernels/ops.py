@@ -94,12 +94,13 @@ def forward_layers(desc: torch.Tensor, segs: list[int], kv: list[int], hidden: l
                    dims: list[int], eps: float, isas: list[int], fns: list[int]) -> None:
     """Run dims[6] decoder layers on x [1, N, d] in place (see ops.c), as `model.FusedLayers` lays the arguments
     out: desc the layers' weights (int64 [layers, LAYER_WORDS]), segs per segment (first row, rows, cache start,
-    cache slots, attention rows' prefix, offs, extra, cos, sin addresses), kv per segment and layer the
-    cache's k and v, hidden per layer an output or 0, dims (d, H, Hk, D, I, N, layers, segments), isas (qgemm,
-    skinny_bf16, attend, threads), fns (their addresses)."""
+    cache slots, attention rows' prefix, offs, extra, cos, sin addresses, 1 for prompt rows being prefilled),
+    kv per segment and layer the cache's k and v, hidden per layer an output or 0, dims (d, H, Hk, D, I, N,
+    layers, segments), isas (qgemm, skinny_bf16, attend, threads, qgemm for prefill rows or 0), fns (the first
+    three's addresses)."""
     i64 = ctypes.c_int64
     rc = _kernel.lib.forward_layers(desc.data_ptr(), (i64 * len(segs))(*segs), (i64 * len(kv))(*kv),
                                     (i64 * len(hidden))(*hidden), x.data_ptr(), (i64 * len(dims))(*dims), eps,
-                                    (ctypes.c_int * 4)(*isas), (i64 * 3)(*fns))
+                                    (ctypes.c_int * 5)(*isas), (i64 * 3)(*fns))
     if rc:
         raise MemoryError("forward_layers: out of memory") if rc == 2 else RuntimeError(f"forward_layers: a kernel failed ({rc})")

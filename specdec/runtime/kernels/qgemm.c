@@ -75,6 +75,8 @@
 #include <omp.h>
 #endif
 
+#include "amx.h"
+
 #define G 16
 #define QB 32
 #define BPS 8 /* blocks per super-block (q4k, q6k) */
@@ -85,7 +87,7 @@
 #define PF_BLOCKS 16 /* software prefetch distance in blocks: 16-32 measured 1.2-1.7x faster than none */
 
 enum { FMT_Q8 = 8, FMT_Q4 = 4, FMT_Q4K = 41, FMT_Q6K = 6 };
-enum { ISA_AVX2 = 1, ISA_VNNI512 = 2 };
+enum { ISA_AVX2 = 1, ISA_VNNI512 = 2, ISA_AMX = 3 };
 
 /* Bytes per group and block (q8, q4), or per group and super-block (q4k, q6k). */
 static inline __attribute__((always_inline)) int64_t chunk_bytes(const int fmt) {
@@ -522,13 +524,184 @@ static const tile_fn T512_Q4K[ROWS + 1] = LIST(t512, 41), T512_Q6K[ROWS + 1] = L
 static const tile_fn T256_Q8[ROWS + 1] = LIST(t256, 8), T256_Q4[ROWS + 1] = LIST(t256, 4);
 static const tile_fn T256_Q4K[ROWS + 1] = LIST(t256, 41), T256_Q6K[ROWS + 1] = LIST(t256, 6);
 
-/* 1 when the CPU runs `isa` (ISA_AVX2 needs AVX2; ISA_VNNI512 needs AVX512F/BW/VL and AVX512-VNNI). */
+/* ---- Prefill on AMX: each unit's weights dequantized to bf16, then tile multiplies -------------------
+ * Prompt processing is not verified against anything, so it may take a faster path than decoding, as long as
+ * that path is the same for every prompt position whatever the chunk (`ISA_AMX`, asked for by the fused
+ * forward for prefill rows only). Per unit of 32 outputs (two groups of 16) each thread dequantizes the
+ * unit's rows into its own bf16 buffer (L2-resident: 32 x in x 2 bytes, 96 KB at 1536 inputs), then amx.h's
+ * `amx_unit` multiplies them by all n positions, 16 at a time. A weight becomes bf16(q * s - m) (one fused
+ * multiply-subtract, rounded once to fp32, then to bf16 to nearest even): q8 s = d, m = 128 d on the biased
+ * byte; q4 s, m; q4k s = d * sc, m = dmin * mn; q6k s = d * sc, m = 32 s. Against the fp32 weights that is a
+ * relative error of at most 2^-9 per weight, x's bf16 rounding another 2^-9, the same as the bf16 path's.
+ * Order: within a block of 32 inputs the dequantized row keeps the packed layout's order, which for the
+ * nibble formats (q4, q4k, q6k) is NIB_ORDER (the low nibbles of the 4 chunks, then the high ones); x's block
+ * is permuted the same way when it is rounded to bf16, so each product pairs the right weight and input.
+ * Each output is then c = tdpbf16ps over the blocks in order (+ bias), independent of n, the unit and the
+ * thread: prefill rows are bit-identical whatever the chunking. Measured (Xeon family 6 model 207, 2 threads,
+ * Qwen2.5-Coder-1.5B q4, `specdec probe`): see BENCHMARKS.md session 13. */
+static const int NIB_ORDER[32] = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27,
+                                  4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+
+/* x [n, in] fp32 -> bf16 [n, in], each block of 32 inputs in `order` (NULL: as it is). in % 32 == 0. */
+AMX_FN static void amx_round_x(const float *x, uint16_t *xb, int64_t n, int64_t in, const int *order) {
+    __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), hi = _mm512_add_epi32(lo, _mm512_set1_epi32(16));
+    if (order) lo = _mm512_loadu_si512(order), hi = _mm512_loadu_si512(order + 16);
+    for (int64_t k = 0; k < n * in; k += 32) {
+        const __m512 a = _mm512_loadu_ps(x + k), b = _mm512_loadu_ps(x + k + 16);
+        const __m512 pa = _mm512_permutex2var_ps(a, lo, b), pb = _mm512_permutex2var_ps(a, hi, b);
+        _mm512_storeu_si512(xb + k, (__m512i)_mm512_cvtne2ps_pbh(pb, pa));
+    }
+}
+
+/* Per 128-bit lane, a 4 x 4 transpose of dwords: afterwards v[r]'s lane l holds dword 4l + r of v[0..3]. */
+AMX_FN static inline void transpose4(__m512i v[4]) {
+    const __m512i t0 = _mm512_unpacklo_epi32(v[0], v[1]), t1 = _mm512_unpackhi_epi32(v[0], v[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(v[2], v[3]), t3 = _mm512_unpackhi_epi32(v[2], v[3]);
+    v[0] = _mm512_unpacklo_epi64(t0, t2); v[1] = _mm512_unpackhi_epi64(t0, t2);
+    v[2] = _mm512_unpacklo_epi64(t1, t3); v[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+/* 16 x 32 integer weights (byte q[k][t] at q + 32 k + t, in the block's order) -> 16 bf16 rows of the block:
+ * row k at out + k * ld, bf16(q * s - m) with s, m the vectors sv[k], mv[k] (16 lanes: positions t and t + 16 share
+ * a lane's scale, as each format's order keeps scales per 16 positions or per block). */
+AMX_FN static inline void put_rows(const uint8_t *q, const __m512 *sv, const __m512 *mv, uint16_t *out, int64_t ld) {
+    for (int k = 0; k < 16; k++) {
+        const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 32 * k))));
+        const __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 32 * k + 16))));
+        _mm512_storeu_si512(out + k * ld, (__m512i)_mm512_cvtne2ps_pbh(_mm512_fmsub_ps(b, sv[k], mv[k]),
+                                                                       _mm512_fmsub_ps(a, sv[k], mv[k])));
+    }
+}
+
+/* The 4 chunks of 64 bytes at p (each [row k][4 bytes], as q4's nibbles or q6k's low bits and high bits) ->
+ * q[k][0..15] = the row's 16 bytes (chunk-major) with `shift`/`mask` applied, written at q + 32 k + half * 16. */
+AMX_FN static inline void rows_of(const __m512i c[4], int half, int shift_lo, int shift_hi, uint8_t *q,
+                                  const __m512i mask) {
+    __m512i v[4] = {c[0], c[1], c[2], c[3]};
+    transpose4(v);
+    const __m512i sh = _mm512_setr_epi32(shift_lo, shift_hi, shift_lo, shift_hi, shift_lo, shift_hi, shift_lo, shift_hi,
+                                         shift_lo, shift_hi, shift_lo, shift_hi, shift_lo, shift_hi, shift_lo, shift_hi);
+    for (int r = 0; r < 4; r++) {
+        uint8_t lanes[64] __attribute__((aligned(64)));
+        _mm512_store_si512(lanes, _mm512_and_si512(_mm512_srlv_epi32(v[r], sh), mask));
+        for (int l = 0; l < 4; l++) memcpy(q + 32 * (4 * l + r) + 16 * half, lanes + 16 * l, 16);
+    }
+}
+
+/* Group g's 16 rows of a q-format matrix, all `in` inputs, into out (row stride `in` bf16). */
+AMX_FN static void dequant_group(int fmt, const uint8_t *W, const float *S, const float *M, int64_t in, uint16_t *out) {
+    const int64_t nb = in / QB;
+    const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3), all = _mm512_set1_epi8(-1);
+    uint8_t q[16 * 32] __attribute__((aligned(64)));
+    __m512 sv[16], mv[16];
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i c[4];
+        if (fmt == FMT_Q8) { /* [t < 8][k][e]: natural order, t < 4 the first 16 inputs */
+            const uint8_t *p = W + b * 512;
+            for (int h = 0; h < 2; h++) {
+                for (int t = 0; t < 4; t++) c[t] = _mm512_loadu_si512(p + 256 * h + 64 * t);
+                rows_of(c, h, 0, 0, q, all);
+            }
+            for (int k = 0; k < 16; k++) {
+                const float d = S[b * 16 + k];
+                sv[k] = _mm512_set1_ps(d), mv[k] = _mm512_set1_ps(128.0f * d);
+            }
+        } else {
+            const int64_t S_ = b / BPS, j = b % BPS; /* super-block, block in it (k-formats) */
+            const uint8_t *p = fmt == FMT_Q4 ? W + b * 256 : W + S_ * chunk_bytes(fmt) + j * 256;
+            for (int t = 0; t < 4; t++) c[t] = _mm512_loadu_si512(p + 64 * t);
+            rows_of(c, 0, 0, 0, q, m4);
+            rows_of(c, 1, 4, 4, q, m4);
+            if (fmt == FMT_Q6K) { /* high 2 bits: [p < 2][k][e], input 16p + 4j + e at bits 2j; chunk c is p = c / 2,
+                                     j = 2 (c % 2) for the low-nibble half, + 1 for the high one */
+                const uint8_t *hb = W + S_ * 3328 + 2048 + j * 128;
+                const __m512i h0 = _mm512_loadu_si512(hb), h1 = _mm512_loadu_si512(hb + 64);
+                const __m512i hc[4] = {h0, h0, h1, h1};
+                uint8_t hq[16 * 32] __attribute__((aligned(64)));
+                rows_of(hc, 0, 0, 4, hq, m2);
+                rows_of(hc, 1, 2, 6, hq, m2);
+                for (int t = 0; t < 16 * 32; t += 64)
+                    _mm512_store_si512(q + t, _mm512_or_si512(_mm512_load_si512(q + t),
+                                                              _mm512_slli_epi16(_mm512_load_si512(hq + t), 4)));
+            }
+            for (int k = 0; k < 16; k++) {
+                if (fmt == FMT_Q4) {
+                    sv[k] = _mm512_set1_ps(S[b * 16 + k]), mv[k] = _mm512_set1_ps(M[b * 16 + k]);
+                } else if (fmt == FMT_Q4K) {
+                    const uint8_t *scm = W + S_ * 2304 + 2048;
+                    sv[k] = _mm512_set1_ps(S[S_ * 16 + k] * (float)scm[j * 16 + k]);
+                    mv[k] = _mm512_set1_ps(M[S_ * 16 + k] * (float)scm[128 + j * 16 + k]);
+                } else { /* positions 0-7 and 16-23 are sub-block 2j, 8-15 and 24-31 sub-block 2j + 1 */
+                    const int8_t *sc = (const int8_t *)(W + S_ * 3328 + 3072);
+                    const float d = S[S_ * 16 + k];
+                    const __m512 s = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d * (float)sc[(2 * j) * 16 + k]),
+                                                          _mm512_set1_ps(d * (float)sc[(2 * j + 1) * 16 + k]));
+                    sv[k] = s, mv[k] = _mm512_mul_ps(s, _mm512_set1_ps(32.0f));
+                }
+            }
+        }
+        put_rows(q, sv, mv, out + b * QB, in);
+    }
+}
+
+/* qgemm's ISA_AMX path (in % 32 == 0). Returns 0, or 2 when out of memory. */
+AMX_FN static int qgemm_amx(int fmt, const float *x, const uint8_t *W, const float *S, const float *M, const float *bias,
+                            float *y, int64_t ldy, int64_t n, int64_t in, int64_t out, int threads) {
+    const int64_t nb = in / QB, groups = (out + G - 1) / G, units = (groups + 1) / 2, chunks = (n + 15) / 16;
+    const int64_t wgroup = KFMT(fmt) ? nb / BPS * chunk_bytes(fmt) : nb * chunk_bytes(fmt);
+    const int64_t sgroup = KFMT(fmt) ? nb / BPS * G : nb * G;
+    uint16_t *xb = aligned_alloc(64, ((size_t)(n * in) * 2 + 127) & ~(size_t)63);
+    uint32_t *B = aligned_alloc(64, ((size_t)(chunks * nb * 16 * 16) * 4 + 127) & ~(size_t)63);
+    if (!xb || !B) {
+        free(xb); free(B);
+        return 2;
+    }
+    amx_round_x(x, xb, n, in, fmt == FMT_Q8 ? 0 : NIB_ORDER);
+    amx_pack_x(xb, B, n, in, in);
+    if (threads > units) threads = (int)units;
+    int rc = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+#ifdef _OPENMP
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+        const int t = 0, nt = 1;
+#endif
+        uint16_t *A = aligned_alloc(64, (size_t)(2 * G * in) * 2);
+        if (!A) {
+#pragma omp atomic write
+            rc = 2;
+        } else {
+            amx_configure();
+            const int64_t u0 = units * t / nt, u1 = units * (t + 1) / nt;
+            for (int64_t u = u0; u < u1; u++) {
+                const int gs = (int)(groups - 2 * u < 2 ? groups - 2 * u : 2);
+                for (int g = 0; g < gs; g++)
+                    dequant_group(fmt, W + (2 * u + g) * wgroup, S + (2 * u + g) * sgroup,
+                                  M ? M + (2 * u + g) * sgroup : 0, in, A + g * G * in);
+                const uint16_t *rows[2] = {A, A + G * in};
+                amx_unit(rows, in * 2, gs, B, 0, xb, bias, y, ldy, n, in, out, 2 * u * G);
+            }
+            _tile_release();
+            free(A);
+        }
+    }
+    free(xb); free(B);
+    return rc;
+}
+
+/* 1 when the CPU runs `isa` (ISA_AVX2 needs AVX2; ISA_VNNI512 needs AVX512F/BW/VL and AVX512-VNNI; ISA_AMX, the
+ * prefill path, AMX-BF16 with AVX512-BF16 and the tiles granted by Linux). */
 int qgemm_supported(int isa) {
     __builtin_cpu_init();
     if (isa == ISA_AVX2) return __builtin_cpu_supports("avx2");
     if (isa == ISA_VNNI512)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    if (isa == ISA_AMX)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("avx512bf16") && amx_cpu() && amx_permitted();
     return 0;
 }
 
@@ -544,10 +717,15 @@ static const tile_fn *tiles_for(int fmt, int isa) {
 }
 
 /* x [n, in] fp32, W/S/M packed as above (M NULL for q8 and q6k), bias [out] fp32 or NULL, y [n, out] fp32
- * with row stride ldy (>= out: a part of a wider output). q4k and q6k need `in` a multiple of 256.
+ * with row stride ldy (>= out: a part of a wider output); isa ISA_AVX2, ISA_VNNI512, or ISA_AMX (the prefill path,
+ * `in` a multiple of 32). q4k and q6k need `in` a multiple of 256.
  * Returns 0, or 1 for an unsupported format, shape or ISA, 2 when out of memory. */
 int qgemm(int fmt, int isa, const float *x, const uint8_t *W, const float *S, const float *M, const float *bias,
           float *y, int64_t ldy, int64_t n, int64_t in, int64_t out, int threads) {
+    if (isa == ISA_AMX) {
+        if (!qgemm_supported(isa) || in % QB || (KFMT(fmt) && in % (BPS * QB)) || !tiles_for(fmt, ISA_AVX2)) return 1;
+        return qgemm_amx(fmt, x, W, S, M, bias, y, ldy, n, in, out, threads);
+    }
     const tile_fn *tiles = tiles_for(fmt, isa);
     if (!tiles || !qgemm_supported(isa) || (KFMT(fmt) && in % (BPS * QB))) return 1;
     const int64_t nb = (in + QB - 1) / QB, groups = (out + G - 1) / G, units = (groups + UNIT - 1) / UNIT;

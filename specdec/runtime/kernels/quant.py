@@ -54,6 +54,7 @@ SOURCE = Path(__file__).with_name("qgemm.c")
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 _FMT = {"q8": 8, "q4": 4, "q4k": 41, "q6k": 6}
 ISAS = {"vnni512": 2, "avx2": 1}  # best first
+PREFILL_ISAS = {"amx": 3}  # prompt processing only: weights dequantized to bf16 per unit, AMX tiles (`prefill_isa`)
 
 _isa: tuple[str, str] | None = None  # (SPECDEC_QKERNEL, the ISA it gives), remembered
 
@@ -283,6 +284,18 @@ def isa() -> str:
     return found
 
 
+def prefill_isa() -> str | None:
+    """The ISA prompt rows' matmuls take when it is not the decoding one (`isa()`), or None: "amx" on CPUs with
+    AMX-BF16 (weights dequantized to bf16 per unit of 32 outputs, then tile multiplies: several times the integer
+    kernel's rate from a few dozen rows on). Prompt processing is verified against nothing, so it may round
+    differently, as long as every prompt row takes the same path whatever the chunk (qgemm.c). None when
+    SPECDEC_QKERNEL forces an ISA (tests comparing ISAs bit for bit) or SPECDEC_QPREFILL=0."""
+    if os.environ.get("SPECDEC_QKERNEL") or os.environ.get("SPECDEC_QPREFILL", "").strip() == "0" or isa() == "torch":
+        return None
+    lib = _load()
+    return next((name for name, code in PREFILL_ISAS.items() if lib.qgemm_supported(code)), None)
+
+
 def _declare(lib) -> None:
     lib.qgemm.restype = ctypes.c_int
     lib.qgemm.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 4 + [ctypes.c_int]
@@ -317,7 +330,7 @@ def matmul_parts(y: torch.Tensor, x: torch.Tensor, parts, threads: int | None = 
         for qw, bias, col in parts:
             y[:, col:col + qw.out_features] = reference(x, qw, bias)
         return
-    lib, code, threads = _kernel.lib, ISAS[use], threads or torch.get_num_threads()
+    lib, code, threads = _kernel.lib, ISAS.get(use) or PREFILL_ISAS[use], threads or torch.get_num_threads()
     xp, yp, ldy = x.data_ptr(), y.data_ptr(), y.shape[1]
     for qw, bias, col in parts:
         fmt, w, s, m = qw.pointers

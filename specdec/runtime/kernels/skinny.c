@@ -42,17 +42,12 @@
 #include <omp.h>
 #endif
 
+#include "amx.h"
+
 #define GROUP 24  /* outputs per group: a multiple of every tile width below */
 #define ROWS 3    /* rows of x per pass over a group: 3x3 tiles measured fastest (2x4: 25% slower) */
 #define CHUNK 15  /* rows of x per pass over the groups of a block (a multiple of ROWS) */
 #define MIN_WORK (1 << 17) /* weights per thread, at least */
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 /* The one reduction order used for every output element. */
 static inline float hsum(__m256 v) {
@@ -368,95 +363,10 @@ T512 static void round_x(const float *x, uint16_t *xb, int64_t count) {
  * n = 64 0.20x, and n = 16 costs 1.07 of n = 1 (benchmarks/s12/ab-qwen1.5b.txt). Units of 64 outputs were
  * 20% slower than 32, units of 16 the same; prefetching the next unit a share per step cost 10% at n = 1
  * (54.6 against 60.1 ms); the one-gather store took 12% off SmolLM2's whole forward at n = 16 (25.2 ->
- * 22.3 ms in the probe) against storing outputs one by one. */
-#define TAMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-#define AMX_UNIT 32 /* outputs per unit: 2 C tiles of 16 */
-
-/* 1 once Linux lets this process use the tile registers (asked once; arch_prctl ARCH_REQ_XCOMP_PERM). */
-static int amx_permitted(void) {
-    static int state = -1;
-    if (state < 0) state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-    return state;
-}
-
-static int amx_cpu(void) { /* CPUID.(7, 0):EDX bits 22 (AMX-BF16) and 24 (AMX-TILE); asked once (a VM traps CPUID) */
-    static int state = -1;
-    if (state < 0) {
-        unsigned a, b, c, d;
-        state = __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 22) & 1) && ((d >> 24) & 1);
-    }
-    return state;
-}
-
-TAMX static void amx_configure(void) { /* palette 1, tiles 0-7 of 16 rows x 64 bytes (the 64-byte layout of ldtilecfg) */
-    uint8_t cfg[64] __attribute__((aligned(64))) = {1};
-    for (int t = 0; t < 8; t++) cfg[16 + 2 * t] = 64, cfg[48 + t] = 16; /* colsb (uint16, little-endian), rows */
-    __asm__ volatile("" ::"r"(cfg) : "memory"); /* gcc 12 dropped the stores of a struct's fields before it */
-    _tile_loadconfig(cfg);
-}
-
-/* x rounded to bf16 (xb [n, in]) into B tiles: [chunk of 16 positions][pair p < k32 / 2][position j], a
- * 32-bit word each (inputs 2p, 2p + 1 of position 16 chunk + j; zero past n). */
-static void amx_pack_x(const uint16_t *xb, uint32_t *B, int64_t n, int64_t in, int64_t k32) {
-    const int64_t pairs = k32 / 2, chunks = (n + 15) / 16;
-    for (int64_t c = 0; c < chunks; c++) {
-        const int64_t m = n - 16 * c < 16 ? n - 16 * c : 16;
-        for (int64_t p = 0; p < pairs; p++) { /* one B row: 16 words, stored in order */
-            uint32_t *row = B + (c * pairs + p) * 16;
-            for (int64_t j = 0; j < m; j++) memcpy(row + j, xb + (16 * c + j) * in + 2 * p, 4);
-            for (int64_t j = m; j < 16; j++) row[j] = 0;
-        }
-    }
-}
-
-/* One unit: outputs [o0, o0 + 16 * groups) for all n rows. A[g]: the first weight row of group g (W's rows,
- * or the padded copy of a last partial group), lda its row stride in bytes. */
-TAMX static void amx_unit(const uint16_t *const A[2], int64_t lda, int groups, const uint32_t *B, const uint16_t *W,
-                          const uint16_t *xb, const float *bias, float *y, int64_t n, int64_t in, int64_t out,
-                          int64_t o0) {
-    const int64_t k32 = in & ~(int64_t)31, steps = k32 / 32, chunks = (n + 15) / 16;
-    float c[2][16 * 16] __attribute__((aligned(64)));
-    const __m512i col = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64, 48, 32, 16, 0);
-    for (int64_t ch = 0; ch < chunks; ch++) {
-        _tile_zero(0); _tile_zero(1);
-        const uint32_t *Bc = B + ch * (k32 / 2) * 16;
-        for (int64_t s = 0; s < steps; s++) {
-            _tile_loadd(6, Bc + s * 256, 64);
-            _tile_loadd(4, A[0] + 32 * s, lda);
-            _tile_dpbf16ps(0, 4, 6);
-            if (groups > 1) { _tile_loadd(5, A[1] + 32 * s, lda); _tile_dpbf16ps(1, 5, 6); }
-        }
-        _tile_stored(0, c[0], 64);
-        if (groups > 1) _tile_stored(1, c[1], 64);
-        const int64_t m = n - 16 * ch < 16 ? n - 16 * ch : 16;
-        for (int g = 0; g < groups; g++) {
-            const int64_t og = o0 + 16 * g, valid = out - og < 16 ? out - og : 16;
-            if (k32 == in) { /* column j of C (a gather at col + j) is position j's 16 outputs, stored in one go */
-                const __mmask16 mask = (__mmask16)((1u << valid) - 1u);
-                const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + og) : _mm512_setzero_ps();
-                for (int64_t j = 0; j < m; j++) {
-                    __m512 v = _mm512_i32gather_ps(_mm512_add_epi32(col, _mm512_set1_epi32((int)j)), c[g], 4);
-                    if (bias) v = _mm512_add_ps(v, bv);
-                    _mm512_mask_storeu_ps(y + (16 * ch + j) * out + og, mask, v);
-                }
-                continue;
-            }
-            for (int64_t j = 0; j < m; j++) {
-                const int64_t i = 16 * ch + j;
-                for (int64_t o = 0; o < valid; o++) {
-                    float v = c[g][16 * o + j];
-                    for (int64_t k = k32; k < in; k++)
-                        v = fmaf(bf16_to_f32(W[(og + o) * in + k]), bf16_to_f32(xb[i * in + k]), v);
-                    if (bias) v = v + bias[og + o];
-                    y[i * out + og + o] = v;
-                }
-            }
-        }
-    }
-}
-
+ * 22.3 ms in the probe) against storing outputs one by one. The tile code is amx.h's (qgemm.c's prefill path
+ * shares it). */
 /* The AMX path of skinny_bf16 (x already rounded to bf16 in xb). Returns 0, or 2 when out of memory. */
-TAMX static int amx_bf16(const uint16_t *xb, const uint16_t *W, const float *bias, float *y, int64_t n, int64_t in,
+AMX_FN static int amx_bf16(const uint16_t *xb, const uint16_t *W, const float *bias, float *y, int64_t n, int64_t in,
                          int64_t out, int threads) {
     const int64_t k32 = in & ~(int64_t)31, chunks = (n + 15) / 16, full = out / 16, units = (out + AMX_UNIT - 1) / AMX_UNIT;
     uint32_t *B = aligned_alloc(64, ((size_t)(chunks * (k32 / 2) * 16) * 4 + 127) & ~(size_t)63);
@@ -483,7 +393,7 @@ TAMX static int amx_bf16(const uint16_t *xb, const uint16_t *W, const float *bia
             const int groups = (int)((out - o0 < AMX_UNIT ? out - o0 : AMX_UNIT) + 15) / 16;
             const uint16_t *A[2] = {0, 0};
             for (int g = 0; g < groups; g++) A[g] = (o0 / 16 + g < full) ? W + (o0 + 16 * g) * in : pad;
-            amx_unit(A, in * 2, groups, B, W, xb, bias, y, n, in, out, o0);
+            amx_unit(A, in * 2, groups, B, W, xb, bias, y, out, n, in, out, o0);
         }
         _tile_release();
     }
