@@ -348,6 +348,30 @@ def test_llamacpp_errors(tiny_llama, tmp_path, monkeypatch, capsys):
     assert "greedy only" in capsys.readouterr().err
 
 
+def test_a_llamacpp_that_dies_of_sigill_is_a_clear_error(tmp_path, monkeypatch):
+    """On an AMX CPU llama.cpp is tried in a child process first; a SIGILL there (its AMX kernels, seen with
+    llama-cpp-python 0.3.36) becomes an error naming the rebuild, not a crash of the whole benchmark."""
+    import signal
+    import subprocess
+
+    from specdec.bench import llamacpp
+    from specdec.runtime import kernels
+
+    calls = []
+    died = lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, -signal.SIGILL, b"", b"")
+    monkeypatch.setattr(llamacpp.subprocess, "run", died)
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "amx_tile", "amx_bf16"}))
+    with pytest.raises(SpecdecError, match="(?s)SIGILL.*-mno-amx-tile"):
+        llamacpp.check_runs(tmp_path / "m.gguf")
+    assert calls and calls[0][-1] == str(tmp_path / "m.gguf")
+    ran = lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, b"", b"")
+    monkeypatch.setattr(llamacpp.subprocess, "run", ran)
+    llamacpp.check_runs(tmp_path / "m.gguf")  # a build that runs: nothing to say
+    monkeypatch.setattr(llamacpp.subprocess, "run", died)
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2"}))
+    llamacpp.check_runs(tmp_path / "m.gguf")  # no AMX: not even tried
+
+
 def test_llamacpp_runner_times_a_fresh_prefill(monkeypatch):
     """llama-cpp-python's generate(reset=True) keeps the previous generation's KV prefix: the runner must
     reset first, or a prompt seen in the warm-up is timed without its prefill."""

@@ -16,12 +16,19 @@ session 5). Their tokens are not checked against our plain decoding's: llama.cpp
     pip install -e '.[compare]'       # builds llama-cpp-python (about 10 minutes on 2 cores)
     specdec bench --model qwen2.5-coder-1.5b --prompts humanevalfix --compare-llamacpp --out out/ll
 
+On a CPU with AMX, llama-cpp-python 0.3.36 built with -march=native dies of SIGILL in its AMX matmul (Xeon
+family 6 model 207): `check_runs` tries it in a child process first and, if so, says how to rebuild it without
+the AMX instructions (NO_AMX_BUILD).
+
 The GGUF is the model's own file (a known model's packages are fetched again once, into the store's gguf/)
 or `--llamacpp-gguf FILE`.
 """
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Sequence
@@ -29,6 +36,16 @@ from typing import Sequence
 from specdec.errors import SpecdecError
 
 PROMPT_LOOKUP_TOKENS = 10
+# llama.cpp built natively for an AMX CPU, without its AMX kernels (which die of SIGILL on some, see `check_runs`)
+NO_AMX_BUILD = ('CMAKE_ARGS="-DGGML_NATIVE=ON -DCMAKE_C_FLAGS=-mno-amx-tile\\ -mno-amx-int8\\ -mno-amx-bf16 '
+                '-DCMAKE_CXX_FLAGS=-mno-amx-tile\\ -mno-amx-int8\\ -mno-amx-bf16" '
+                'pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python')
+_RUNS = """
+import sys
+from llama_cpp import Llama
+m = Llama(model_path=sys.argv[1], n_ctx=512, n_threads=2, verbose=False)
+m.eval(m.tokenize(b"def fibonacci(n):\\n    " * 24))
+"""
 
 
 def gguf_for(folder: Path, explicit: str | None = None) -> Path:
@@ -98,12 +115,28 @@ class LlamaCppMethod:
                        mean_accepted=1.0 if self.name == "llamacpp-plain" else None)
 
 
+def check_runs(gguf: Path) -> None:
+    """On a CPU with AMX, feed llama.cpp one ~150-token prompt in a child process first: llama-cpp-python 0.3.36
+    built with -march=native there runs `tilezero` in its AMX matmul without a tile configuration and dies of
+    SIGILL (seen on a Xeon, family 6 model 207, with the tile permission granted or not), which would take the
+    whole benchmark down. Raises SpecdecError with the rebuild command when the child dies so."""
+    from specdec.runtime import kernels
+
+    if not {"amx_tile", "amx_bf16", "amx_int8"} & kernels.cpu_flags():
+        return
+    done = subprocess.run([sys.executable, "-c", _RUNS, str(gguf)], capture_output=True, timeout=600)
+    if done.returncode == -signal.SIGILL:
+        raise SpecdecError("llama.cpp dies of SIGILL on this CPU (its AMX matmul kernels); rebuild it without "
+                           f"them and run again:\n  {NO_AMX_BUILD}")
+
+
 def llamacpp_methods(llm, settings, gguf: str | None = None) -> list[LlamaCppMethod]:
     """llamacpp-plain and llamacpp-prompt-lookup on the GGUF of llm's model, torch's thread count."""
     import torch
 
     path = gguf_for(llm.folder, gguf)
     _llama_cpp()
+    check_runs(path)
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     threads = torch.get_num_threads()
