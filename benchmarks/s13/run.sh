@@ -20,3 +20,6 @@ git worktree add /tmp/base 6ced05f
 .venv/bin/specdec probe --model smollm2-135m --dtype q4 > $B/probe-smollm2-q4.txt
 .venv/bin/specdec bench --model qwen2.5-coder-1.5b --dtype q4 --methods plain,prompt-lookup,recycling,lookahead \
     --prompts humanevalfix --limit 5 --compare-llamacpp --no-progress --out $B/qwen1.5b-humanevalfix-q4
+# the server: three modes interleaved per level, 3 runs a level
+.venv/bin/specdec loadtest --serve auto,always,never --model smollm2-135m --concurrency 1,2,4,8,16 --requests 16 --repeat 3 \
+    --max-tokens 64 --prompts spec-bench --out $B/serve-smollm2
