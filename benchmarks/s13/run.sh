@@ -23,3 +23,5 @@ git worktree add /tmp/base 6ced05f
 # the server: three modes interleaved per level, 3 runs a level
 .venv/bin/specdec loadtest --serve auto,always,never --model smollm2-135m --concurrency 1,2,4,8,16 --requests 16 --repeat 3 \
     --max-tokens 64 --prompts spec-bench --out $B/serve-smollm2
+# where SmolLM2's bf16 forward at n = 16 goes (the whole forward against the attention kernel alone)
+PYTHONPATH=. .venv/bin/python benchmarks/s13/forward_profile.py > $B/forward-profile-smollm2-bf16.txt
