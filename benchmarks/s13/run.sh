@@ -25,3 +25,5 @@ git worktree add /tmp/base 6ced05f
     --max-tokens 64 --prompts spec-bench --out $B/serve-smollm2
 # where SmolLM2's bf16 forward at n = 16 goes (the whole forward against the attention kernel alone)
 PYTHONPATH=. .venv/bin/python benchmarks/s13/forward_profile.py > $B/forward-profile-smollm2-bf16.txt
+.venv/bin/specdec bench --model qwen2.5-coder-1.5b --dtype q4 --methods plain,prompt-lookup,recycling --prompts spec-bench \
+    --limit 1 --max-new-tokens 64 --compare-llamacpp --no-progress --out $B/qwen1.5b-specbench-q4
