@@ -20,9 +20,23 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define AMX_FN __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define AMX_UNIT 32 /* outputs per unit: 2 C tiles of 16 */
+
+/* This thread's contiguous run [u0, u1) of `units` units (inside a parallel region, or all of them outside one):
+ * each thread streams through consecutive weight rows. */
+static inline void amx_share(int64_t units, int64_t *u0, int64_t *u1) {
+#ifdef _OPENMP
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+    const int t = 0, nt = 1;
+#endif
+    *u0 = units * t / nt, *u1 = units * (t + 1) / nt;
+}
 
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;

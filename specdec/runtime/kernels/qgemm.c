@@ -662,18 +662,14 @@ AMX_FN static int qgemm_amx(int fmt, const float *x, const uint8_t *W, const flo
     int rc = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-#ifdef _OPENMP
-        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-        const int t = 0, nt = 1;
-#endif
         uint16_t *A = aligned_alloc(64, (size_t)(2 * G * in) * 2);
         if (!A) {
 #pragma omp atomic write
             rc = 2;
         } else {
+            int64_t u0, u1;
+            amx_share(units, &u0, &u1);
             amx_configure();
-            const int64_t u0 = units * t / nt, u1 = units * (t + 1) / nt;
             for (int64_t u = u0; u < u1; u++) {
                 const int gs = (int)(groups - 2 * u < 2 ? groups - 2 * u : 2);
                 for (int g = 0; g < gs; g++)

@@ -380,14 +380,9 @@ AMX_FN static int amx_bf16(const uint16_t *xb, const uint16_t *W, const float *b
     amx_pack_x(xb, B, n, in, k32);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-#ifdef _OPENMP
-        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-        const int t = 0, nt = 1;
-#endif
+        int64_t u0, u1;
+        amx_share(units, &u0, &u1);
         amx_configure();
-        /* contiguous runs of units per thread: each streams through consecutive rows of W */
-        const int64_t u0 = units * t / nt, u1 = units * (t + 1) / nt;
         for (int64_t u = u0; u < u1; u++) {
             const int64_t o0 = u * AMX_UNIT;
             const int groups = (int)((out - o0 < AMX_UNIT ? out - o0 : AMX_UNIT) + 15) / 16;
