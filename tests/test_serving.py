@@ -462,12 +462,12 @@ def test_mode_picker_follows_a_proven_faster_arm_only():
     assert picks[-100:].count("never") > 80  # never proved 10% faster: it runs, the others are explored
     assert [p.bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
     assert p.choose(7) != "model"  # 5-8 share a bucket
-    assert p.choose(16) == "model"  # another bucket starts over
+    assert p.choose(2) == "model"  # a smaller bucket starts over (a larger one starts on never: the next test)
     rate.update(model=300.0, never=303.0, always=303.0)  # a 1% edge: nobody takes over from the model
-    picks = run(16, 3000, drift=0.0002)  # while the machine speeds up by 80%
+    picks = run(2, 3000, drift=0.0002)  # while the machine speeds up by 80%
     assert picks[-100:].count("model") > 80
     rate["always"] = 400.0  # the load changed: exploration sees it and the choice follows
-    picks = run(16, 1000)
+    picks = run(2, 1000)
     assert picks[-100:].count("always") > 80
     assert set(ARMS) == {"model", "never", "always"}
 
@@ -536,3 +536,37 @@ def test_engine_recycling_shares_one_table_and_keeps_greedy_output(tiny):
         assert [t for e in events[job.id] for t in e.tokens] == plain(model, tok, job)
     drafted, accepted = engine.metrics.totals["recycling", "interactive"]
     assert len(shared.table) > 0 and accepted > 0 and drafted > accepted
+
+
+def test_mode_picker_carries_a_proof_to_larger_and_smaller_batches():
+    """Never proven at 8 requests: the 9-16 bucket, on the model's grants, switches without a proof of its own,
+    and a bucket first seen later (17-32) starts on never. Speculation proven against never at 4 sends the
+    smaller buckets on never back to the model. Each bucket still explores and its own proof wins."""
+    import random
+
+    from specdec.serving.scheduler import ModePicker
+
+    rng = random.Random(1)
+    p = ModePicker(explore=8, margin=0.02)
+
+    def run(batch, steps, rate):
+        picks = []
+        for _ in range(steps):
+            arm = p.choose(batch)
+            picks.append(arm)
+            tokens = batch * rng.uniform(0.85, 1.15)
+            p.record(batch, arm, tokens=tokens, seconds=batch / rate[arm])
+        return picks
+
+    losing = {"model": 280.0, "never": 340.0, "always": 260.0}
+    run(16, 20, losing)  # a few steps at 16: far from a proof
+    assert p.current[16] == "model"
+    assert run(8, 2000, losing)[-100:].count("never") > 80
+    assert p.current[16] == "never" and p.choose(32) == "never"  # carried up, no steps of their own
+    assert p.choose(2) == "model"  # not carried down
+    paying = {"model": 150.0, "never": 100.0, "always": 140.0}
+    run(2, 1000, losing)  # bucket 2 proves never on its own...
+    assert p.current[2] == "never"
+    assert run(4, 4000, paying)[-100:].count("model") > 80  # ...and 4's proof for the model sends 2 back
+    assert p.current[2] == "model" and p.current[16] == "never"
+    assert run(16, 3000, paying)[-100:].count("model") > 80  # 16's own evidence overrides what was carried

@@ -54,7 +54,11 @@ def register(sub) -> None:
                    help="with --serve: the servers' --method, the drafter of speculating requests (default prompt-lookup)")
     p.add_argument("--concurrency", type=levels_arg, default=[1, 2, 4, 8], metavar="C,C,...",
                    help="concurrency levels (default 1,2,4,8)")
-    p.add_argument("--requests", type=int, default=16, metavar="N", help="requests per level (default 16)")
+    p.add_argument("--requests", type=int, default=None, metavar="N",
+                   help="requests per level (default: 4 x the level's concurrency, at least 16). With N no more than "
+                        "the concurrency every request starts at once and the level times its slowest request, not "
+                        "the server's throughput at that load: speculation then gains only where it speeds up the "
+                        "slowest one")
     p.add_argument("--repeat", type=int, default=1, metavar="R",
                    help="run every level R times per server, the servers' order rotated each time, and report the "
                         "median run's throughput with latencies pooled over the runs (default 1; the machine's speed "
@@ -77,6 +81,11 @@ def paired(mode: str, runs: dict[str, list[dict]]) -> dict[str, float]:
     rate = lambda r: sum(d["tokens"] for d in r["done"]) / r["seconds"]  # noqa: E731
     return {other: statistics.median(rate(a) / rate(b) for a, b in zip(runs[mode], theirs))
             for other, theirs in runs.items() if other != mode}
+
+
+def requests_at(requests: int | None, concurrency: int) -> int:
+    """Requests at a level: --requests, or by default 4 waves of the concurrency (at least 16)."""
+    return requests or max(16, 4 * concurrency)
 
 
 def free_port() -> int:
@@ -116,7 +125,7 @@ def run(args) -> int:
     from specdec.errors import SpecdecError
     from specdec.serving.loadtest import check_loopback, markdown, plot, pooled, run_level
 
-    if args.requests < 1 or args.max_tokens < 1 or args.repeat < 1 or not args.timeout > 0:
+    if (args.requests is not None and args.requests < 1) or args.max_tokens < 1 or args.repeat < 1 or not args.timeout > 0:
         raise SpecdecError("--requests, --max-tokens, --repeat and --timeout must be positive")
     if (args.url is None) == (args.serve is None):
         raise SpecdecError("give either --url (a running server) or --serve MODES (servers started here)")
@@ -141,8 +150,8 @@ def run(args) -> int:
             runs: dict[str, list[dict]] = {mode: [] for mode, _, _ in servers}
             for r in range(args.repeat):  # modes interleaved at every level, none always first
                 for mode, _, url in servers[r % len(servers):] + servers[:r % len(servers)]:
-                    lv = asyncio.run(run_level(url, args.model, prompts, c, args.requests, args.max_tokens,
-                                               args.timeout, args.api_key))
+                    lv = asyncio.run(run_level(url, args.model, prompts, c, requests_at(args.requests, c),
+                                               args.max_tokens, args.timeout, args.api_key))
                     runs[mode] += lv["raw"]
                     print(f"{mode} c={c}: {lv['throughput']:.2f} tokens/s, {lv['errors']} errors", file=sys.stderr)
             for mode, mine in runs.items():
@@ -157,7 +166,8 @@ def run(args) -> int:
                     proc.kill()
     for lv in levels:
         del lv["raw"]
-    title = (f"Load test: {args.model}, {args.prompts}, {args.requests} requests per level"
+    per_level = f"{args.requests} requests" if args.requests else "4 x concurrency requests (at least 16)"
+    title = (f"Load test: {args.model}, {args.prompts}, {per_level} per level"
              + (f" x {args.repeat} runs (median)" if args.repeat > 1 else "") + f", max_tokens {args.max_tokens}"
              + (f", drafter {args.method}" if args.serve else ""))
     text = markdown(levels, title)

@@ -45,6 +45,9 @@ accepts), so a small or unproven difference never flaps the choice.
 Example: at B = 8 the model's grants make 290 tok/s and never 320 (log ratio 0.098); with per-step noise of
 15%, 16 samples (256 steps) put two standard errors at 0.075: 0.098 - 0.075 > log 1.02, never takes over. At
 B = 1 always's tie with the model, or never's deficit, moves nothing.
+A proof carries over to the buckets the budget argument covers (`ModePicker`): never proven at 5-8 requests
+starts 9-16 and beyond on never. Measured (session 14, SmolLM2, 16 clients, BENCHMARKS.md): auto ran never on
+85% of its steps with the proof carried from 8 clients, 60% with each bucket proving on its own.
 """
 
 from __future__ import annotations
@@ -130,7 +133,14 @@ def grant(asks: list[Ask], batch: int, prefill: int = 0, mode: str = "auto", bud
 class ModePicker:
     """Auto's choice among `ARMS` per batch-size bucket, by measured tokens per second paired in time
     (module docstring). `window`: the samples an arm is judged on (at least `least`); `weight`: the current
-    arm's running rate, the reference each sample is taken against."""
+    arm's running rate, the reference each sample is taken against.
+
+    A proof carries over between buckets the one way the lesson's budget allows: speculation that loses at
+    B requests loses at more (the idle room only shrinks), and speculation that pays at B pays at fewer. So
+    when never takes over bucket b, every larger bucket still on the model's grants (and every one seen
+    later) starts on never too; when an arm that speculates takes over from never at b, the smaller buckets on
+    never go back to the model. A large bucket is rare (a server is full only sometimes), and its own proof
+    could take thousands of steps. Each bucket still explores, and its own evidence can switch it back."""
 
     def __init__(self, explore: int = 8, margin: float = 0.02, window: int = 64, least: int = 12,
                  weight: float = 0.1, z: float = 2.0):
@@ -139,6 +149,7 @@ class ModePicker:
         self.reference: dict[int, list[float]] = {}            # bucket -> the current arm's [tokens, seconds] (running)
         self.samples: dict[tuple[int, str], deque[float]] = {}  # (bucket, other arm) -> log(its rate / reference)
         self.steps: dict[int, int] = {}
+        self.never_above: int | None = None  # buckets larger than this start on never (a proof at this one)
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -150,7 +161,7 @@ class ModePicker:
         `explore` (once the current arm has a reference) the others in turn."""
         b = self.bucket(batch)
         step = self.steps[b] = self.steps.get(b, 0) + 1
-        current = self.current.setdefault(b, "model")
+        current = self.current.setdefault(b, self._start(b))
         if step % self.explore or b not in self.reference:
             return current
         others = [a for a in ARMS if a != current]
@@ -159,7 +170,7 @@ class ModePicker:
     def record(self, batch: int, arm: str, tokens: int, seconds: float) -> None:
         """A finished step's committed tokens and time (steps that also prefilled are the caller's to leave out)."""
         b = self.bucket(batch)
-        current = self.current.setdefault(b, "model")
+        current = self.current.setdefault(b, self._start(b))
         if arm == current:
             ref = self.reference.get(b)
             if ref is None:
@@ -177,7 +188,23 @@ class ModePicker:
             mean = sum(mine) / len(mine)
             sd = math.sqrt(sum((x - mean) ** 2 for x in mine) / (len(mine) - 1))
             if mean - self.z * sd / math.sqrt(len(mine)) > math.log(1 + self.margin):
-                self.current[b] = arm  # it takes over; the comparison starts again against it
-                self.reference.pop(b)
-                for a in ARMS:
-                    self.samples.pop((b, a), None)
+                self._switch(b, arm)
+                if arm == "never":  # losing at b: larger batches lose too
+                    self.never_above = b if self.never_above is None else min(self.never_above, b)
+                    for other in [o for o, a in self.current.items() if o > b and a == "model"]:
+                        self._switch(other, "never")
+                elif current == "never":  # paying at b: smaller batches pay too
+                    if self.never_above is not None and self.never_above < b:
+                        self.never_above = b
+                    for other in [o for o, a in self.current.items() if o < b and a == "never"]:
+                        self._switch(other, "model")
+
+    def _start(self, b: int) -> str:
+        return "never" if self.never_above is not None and b > self.never_above else "model"
+
+    def _switch(self, b: int, arm: str) -> None:
+        """Bucket b runs `arm` from now; the comparison starts again against it."""
+        self.current[b] = arm
+        self.reference.pop(b, None)
+        for a in ARMS:
+            self.samples.pop((b, a), None)

@@ -1,0 +1,14 @@
+#!/bin/sh
+# Session 14 (Intel Xeon with AMX, lscpu.txt): every figure in BENCHMARKS.md "Session 14", one command at a time,
+# nothing else running. From the repository root.
+B=benchmarks/s14
+# the AMX-INT8 decoding path that was tried and not kept: apply the patch, build, time one matrix per ISA
+#   git apply $B/amx_int8_decode.patch
+#   .venv/bin/python $B/qgemm_isas.py q4k 8960 1536 1; .venv/bin/python $B/qgemm_isas.py q4k 8960 1536 2
+#   git checkout specdec/runtime/kernels/
+gcc -O2 $B/amx_tile_costs.c -o /tmp/amx_tile_costs && /tmp/amx_tile_costs > $B/amx-tile-costs.txt
+# the server: three modes interleaved per level, 3 runs a level, 4 x concurrency requests a level (the new default)
+.venv/bin/specdec loadtest --serve auto,always,never --model smollm2-135m --concurrency 1,2,4,8,16 --repeat 3 \
+    --max-tokens 64 --prompts spec-bench --out $B/serve-smollm2
+.venv/bin/specdec loadtest --serve auto,always,never --model qwen2.5-coder-1.5b --dtype q4 --concurrency 1,2,4,8 \
+    --max-tokens 32 --prompts spec-bench --timeout 900 --out $B/serve-qwen1.5b
