@@ -570,3 +570,33 @@ def test_mode_picker_carries_a_proof_to_larger_and_smaller_batches():
     assert run(4, 4000, paying)[-100:].count("model") > 80  # ...and 4's proof for the model sends 2 back
     assert p.current[2] == "model" and p.current[16] == "never"
     assert run(16, 3000, paying)[-100:].count("model") > 80  # 16's own evidence overrides what was carried
+
+
+def test_mode_picker_explores_less_once_settled_and_again_after_a_switch():
+    """Exploring a losing arm costs a slow step. Once both other arms have filled their windows without a proof,
+    the bucket explores half as often, down to one step in 64; a load change is still found, and the switch
+    brings exploration back to one step in 8."""
+    import random
+
+    from specdec.serving.scheduler import ModePicker
+
+    rng = random.Random(2)
+    p = ModePicker(explore=8, window=64)
+    rate = {"model": 300.0, "never": 240.0, "always": 250.0}
+
+    def run(steps):
+        picks = []
+        for _ in range(steps):
+            arm = p.choose(4)
+            picks.append(arm)
+            p.record(4, arm, tokens=4 * rng.uniform(0.85, 1.15), seconds=4 / rate[arm])
+        return picks
+
+    picks = run(1000)
+    assert 100 <= len([a for a in picks if a != "model"]) <= 130  # one step in 8 explores
+    picks = run(7000)  # windows of 128 samples at 1 in 8, 16, 32: 1024 + 2048 + 4096 steps
+    assert p.every[4] == 64 and len([a for a in picks[-640:] if a != "model"]) <= 10
+    rate["always"] = 450.0  # the load changed: found within ~1536 steps of 12 samples at 1 in 128 each
+    steps = next(i for i in range(1, 4001) if run(1) and p.current[4] == "always")
+    assert steps < 2500 and p.every.get(4, 8) == 8
+    assert run(500)[-100:].count("always") > 80

@@ -140,7 +140,13 @@ class ModePicker:
     when never takes over bucket b, every larger bucket still on the model's grants (and every one seen
     later) starts on never too; when an arm that speculates takes over from never at b, the smaller buckets on
     never go back to the model. A large bucket is rare (a server is full only sometimes), and its own proof
-    could take thousands of steps. Each bucket still explores, and its own evidence can switch it back."""
+    could take thousands of steps. Each bucket still explores, and its own evidence can switch it back.
+
+    Exploring costs: a step on a losing arm is a slower step, and one in eight of them sets the tail of the
+    inter-token latency. So once the other arms have filled a `window` of samples each without proving
+    themselves, a bucket explores half as often (with fresh samples), down to one step in `8 * explore`; a
+    switch brings it back to one in `explore`. Example: explore 8, window 64: after 1024 steps of a settled choice one in 16, after
+    2048 more one in 32, then one in 64; a challenger then needs about 1536 steps for its 12 samples."""
 
     def __init__(self, explore: int = 8, margin: float = 0.02, window: int = 64, least: int = 12,
                  weight: float = 0.1, z: float = 2.0):
@@ -150,6 +156,8 @@ class ModePicker:
         self.samples: dict[tuple[int, str], deque[float]] = {}  # (bucket, other arm) -> log(its rate / reference)
         self.steps: dict[int, int] = {}
         self.never_above: int | None = None  # buckets larger than this start on never (a proof at this one)
+        self.every: dict[int, int] = {}     # bucket -> one step in this many explores (explore .. 8 * explore)
+        self.unproven: dict[int, int] = {}  # bucket -> samples taken since its last switch or slowdown
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -162,10 +170,11 @@ class ModePicker:
         b = self.bucket(batch)
         step = self.steps[b] = self.steps.get(b, 0) + 1
         current = self.current.setdefault(b, self._start(b))
-        if step % self.explore or b not in self.reference:
+        every = self.every.get(b, self.explore)
+        if step % every or b not in self.reference:
             return current
         others = [a for a in ARMS if a != current]
-        return others[(step // self.explore) % len(others)]
+        return others[(step // every) % len(others)]
 
     def record(self, batch: int, arm: str, tokens: int, seconds: float) -> None:
         """A finished step's committed tokens and time (steps that also prefilled are the caller's to leave out)."""
@@ -184,6 +193,13 @@ class ModePicker:
             return
         mine = self.samples.setdefault((b, arm), deque(maxlen=self.window))
         mine.append(math.log(max(tokens, 0.5) / seconds / (ref[0] / ref[1])))
+        self.unproven[b] = self.unproven.get(b, 0) + 1
+        if self.unproven[b] >= (len(ARMS) - 1) * self.window:  # every other arm a full window, none proven
+            self.unproven[b] = 0
+            self.every[b] = min(2 * self.every.get(b, self.explore), 8 * self.explore)
+            for a in ARMS:  # fresh samples from here: old ones, further apart in time, would outweigh a change
+                self.samples.pop((b, a), None)
+            return
         if len(mine) >= self.least:
             mean = sum(mine) / len(mine)
             sd = math.sqrt(sum((x - mean) ** 2 for x in mine) / (len(mine) - 1))
@@ -206,5 +222,7 @@ class ModePicker:
         """Bucket b runs `arm` from now; the comparison starts again against it."""
         self.current[b] = arm
         self.reference.pop(b, None)
+        self.every.pop(b, None)
+        self.unproven.pop(b, None)
         for a in ARMS:
             self.samples.pop((b, a), None)
