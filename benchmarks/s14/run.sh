@@ -6,6 +6,12 @@ B=benchmarks/s14
 #   git apply $B/amx_int8_decode.patch
 #   .venv/bin/python $B/qgemm_isas.py q4k 8960 1536 1; .venv/bin/python $B/qgemm_isas.py q4k 8960 1536 2
 #   git checkout specdec/runtime/kernels/
+# Q4_K's block sums in two chains: the previous kernel against this one on the 1.5B's parts
+git show 1255c9e:specdec/runtime/kernels/qgemm.c > /tmp/qgemm_prev.c
+.venv/bin/python benchmarks/kernel/qgemm_parts.py /tmp/qgemm_prev.c specdec/runtime/kernels/qgemm.c \
+    --model qwen2.5-coder-1.5b --n 1,2,3,4,8
+.venv/bin/python benchmarks/kernel/qgemm_parts.py /tmp/qgemm_prev.c specdec/runtime/kernels/qgemm.c \
+    --model qwen2.5-coder-1.5b --n 1,2,4,8,16
 gcc -O2 $B/amx_tile_costs.c -o /tmp/amx_tile_costs && /tmp/amx_tile_costs > $B/amx-tile-costs.txt
 # the server: three modes interleaved per level, 3 runs a level, 4 x concurrency requests a level (the new default)
 # (serve-smollm2-carry: the same command at a36c524, before the exploration change; serve-smollm2: the final code)

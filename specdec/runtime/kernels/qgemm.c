@@ -288,11 +288,11 @@ tile512_k(const int fmt, const uint8_t *W, const float *S, const float *M, acts 
                 }
             } else {
                 __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(chunk + 2048 + 16 * j)));
-                UNROLL for (int r = 0; r < R; r++) {
-                    __m512i is = _mm512_setzero_si512();
+                UNROLL for (int r = 0; r < R; r++) { /* two chains of 4 (the integers are exact in any order) */
+                    __m512i is[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
                     UNROLL for (int t = 0; t < 8; t++)
-                        is = _mm512_dpbusd_epi32(is, u[t], _mm512_set1_epi32(load4(xb + r * nb * QB + 4 * t)));
-                    isup[r] = _mm512_add_epi32(isup[r], _mm512_mullo_epi32(sc, is));
+                        is[t % 2] = _mm512_dpbusd_epi32(is[t % 2], u[t], _mm512_set1_epi32(load4(xb + r * nb * QB + 4 * t)));
+                    isup[r] = _mm512_add_epi32(isup[r], _mm512_mullo_epi32(sc, _mm512_add_epi32(is[0], is[1])));
                 }
             }
         }
