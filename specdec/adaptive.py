@@ -86,6 +86,8 @@ class AdaptiveK:
     extra: float = 0.0             # a verify round's measured cost beyond verify(n), in plain steps (moving average)
     extra_measured: int = 0
     chosen: int = 0                # rounds chosen so far
+    refused_asks: int = 0          # asks in a row a server's scheduler ran plain (`refused`)
+    probing: bool = False          # the last choice is a probe the scheduler should grant (`refused`)
 
     def alphas(self) -> list[float]:
         out, prev = [], self.prior_alpha
@@ -124,6 +126,7 @@ class AdaptiveK:
         """k for the next round. `startup`: a one-time cost in target steps that drafting now would pay
         first; it is paid only when `remaining` tokens at the predicted speedup save more than it."""
         self.chosen += 1
+        self.probing = False
         if self.plain_first and self.chosen == 1 and not self.step_s:
             return 0  # time a plain step first (what plain decoding would do anyway)
         pred = self.predicted()
@@ -138,7 +141,16 @@ class AdaptiveK:
                 return 1
         else:
             self.plain_streak = self.probes = 0
+            if self.refused_asks >= self.explore_every:
+                self.refused_asks, self.probing = 0, True
         return k
+
+    def refused(self) -> None:
+        """A server's scheduler ran this round plain although k > 0 was asked (its estimate did not clear the
+        step's bar). A refused request drafts nothing, so its alphas would never move again: after
+        `explore_every` refusals in a row its next ask is marked `probing`, which the scheduler grants, so a
+        text that turned repetitive is noticed."""
+        self.refused_asks += 1
 
     def explore_wait(self) -> int:
         """Plain steps before the next k = 1 probe: explore_every, or longer when a probe is dear (it costs
@@ -172,6 +184,7 @@ class AdaptiveK:
 
     def observe(self, drafted: int, accepted: int) -> None:
         """A round drafted `drafted` tokens in a chain and the first `accepted` were kept."""
+        self.refused_asks = 0
         while len(self.tried) < drafted:
             self.tried.append(0.0)
             self.accepted.append(0.0)

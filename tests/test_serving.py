@@ -600,3 +600,21 @@ def test_mode_picker_explores_less_once_settled_and_again_after_a_switch():
     steps = next(i for i in range(1, 4001) if run(1) and p.current[4] == "always")
     assert steps < 2500 and p.every.get(4, 8) == 8
     assert run(500)[-100:].count("always") > 80
+
+
+def test_a_refused_request_probes_so_its_alphas_can_move():
+    """The model's grants refuse an ask whose estimate does not clear the bar, and a request that does not draft
+    never updates that estimate. After `explore_every` refusals in a row its next ask is a probe, granted
+    beside the others; a drafted round starts the count again."""
+    cost = lambda n: 1 + 0.1 * (n - 1)  # noqa: E731
+    policy = AdaptiveK(cost=CostCurve({1: 1.0, 2: 1.02, 4: 1.06, 8: 1.14}), prior_alpha=0.3, explore_every=8)
+    low = lambda: Ask("a", policy.choose(), tokens=1.1, probe=policy.probing)  # noqa: E731
+    for _ in range(8):
+        ask = low()
+        assert ask.k > 0 and not ask.probe and grant([ask], 4, cost=cost) == {"a": 0}
+        policy.refused()
+    ask = low()
+    assert ask.probe and grant([ask], 4, cost=cost) == {"a": ask.k}  # the probe is granted
+    assert grant([ask], 4, mode="never", cost=cost) == {"a": 0}  # never stays never
+    policy.observe(ask.k, 1)
+    assert not low().probe and policy.refused_asks == 0

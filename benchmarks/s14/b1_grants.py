@@ -17,7 +17,7 @@ def spy(asks, batch, prefill=0, mode="auto", budget=None, cost=None, overhead=0.
     if mode == "auto":
         for a in asks:
             stats["asks"] += 1
-            stats["granted" if g[a.name] else "refused"] += 1
+            stats["granted" if g[a.name] else "refused"] += 1; stats["probes"] += a.probe
             if not g[a.name]:
                 stats[f"refused k={a.k} tokens<{(a.tokens - 1) // 0.1 * 0.1 + 0.1:.1f}"] += 1
         stats["overhead_sum"] += overhead; stats["calls"] += 1

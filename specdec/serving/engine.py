@@ -288,10 +288,14 @@ class Engine:
                 tokens = slot.policy.expected_tokens()[k] if hasattr(slot.policy, "expected_tokens") else k + 1.0
                 positions = slot.policy.positions(k) if hasattr(slot.policy, "positions") else k
                 asks.append(scheduler.Ask(slot.job.id, k, slot.job.priority, tokens, getattr(slot.policy, "tau", 0.0),
-                                          positions))
+                                          positions, getattr(slot.policy, "probing", False)))
         grants = scheduler.grant(asks, len(decoding), prefill, mode, self.budget, self.curve, self.overhead)
         for a in asks:
             self.metrics.granted(a.priority, grants[a.name])
+        asked = {a.name for a in asks}
+        for slot in decoding:  # an ask run plain: the request's alphas learn nothing from this round
+            if slot.job.id in asked and not grants[slot.job.id] and hasattr(slot.policy, "refused"):
+                slot.policy.refused()
         return grants
 
     def _verify(self, slot: Slot, k: int, draft: Draft, logits: torch.Tensor, hidden: torch.Tensor | None,

@@ -72,6 +72,7 @@ class Ask:
     tokens: float = 1.0         # E[tokens per round] at that k, from the request's measured alphas
     tau: float = 0.0            # its draft cost per token, in one-position steps
     positions: int | None = None  # draft positions it verifies at that k: a tree's nodes (None: k, a chain)
+    probe: bool = False         # its estimate is stale after refusals (`AdaptiveK.refused`): granted on a curve
 
     @property
     def width(self) -> int:
@@ -124,7 +125,7 @@ def grant(asks: list[Ask], batch: int, prefill: int = 0, mode: str = "auto", bud
     for a in order:
         time = cost(positions) + drafting
         more = cost(positions + a.width) - cost(positions) + a.width * a.tau  # the time this ask adds
-        if a.k > 0 and (a.tokens - 1) * time > (1 + hurdle) * tokens * more:
+        if a.k > 0 and (a.probe or (a.tokens - 1) * time > (1 + hurdle) * tokens * more):
             granted[a.name] = a.k
             positions, tokens, drafting = positions + a.width, tokens + a.tokens - 1, drafting + a.width * a.tau
     return granted
