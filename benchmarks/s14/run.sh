@@ -12,6 +12,9 @@ git show 1255c9e:specdec/runtime/kernels/qgemm.c > /tmp/qgemm_prev.c
     --model qwen2.5-coder-1.5b --n 1,2,3,4,8
 .venv/bin/python benchmarks/kernel/qgemm_parts.py /tmp/qgemm_prev.c specdec/runtime/kernels/qgemm.c \
     --model qwen2.5-coder-1.5b --n 1,2,4,8,16
+.venv/bin/specdec probe --model qwen2.5-coder-1.5b --dtype q4 > $B/probe-qwen1.5b-q4.txt
+.venv/bin/specdec bench --model qwen2.5-coder-1.5b --dtype q4 --methods plain,prompt-lookup,recycling \
+    --prompts humanevalfix --limit 5 --no-progress --out $B/qwen1.5b-humanevalfix-q4
 gcc -O2 $B/amx_tile_costs.c -o /tmp/amx_tile_costs && /tmp/amx_tile_costs > $B/amx-tile-costs.txt
 # the server: three modes interleaved per level, 3 runs a level, 4 x concurrency requests a level (the new default)
 # (serve-smollm2-carry: the same command at a36c524, before the exploration change; serve-smollm2: the final code)
