@@ -18,7 +18,7 @@ from specdec.errors import SpecdecError
 from specdec.runtime.loader import load_transformer
 from specdec.serving.batch import Segment, packed_forward
 from specdec.serving.engine import Engine, Job
-from specdec.serving.scheduler import Ask, grant
+from specdec.serving.scheduler import Ask, ModePicker, grant
 from specdec.tokenizer import Tokenizer
 from tests.test_exact_bf16 import model  # noqa: F401 (the fixture: bf16 on each kernel path)
 
@@ -538,25 +538,22 @@ def test_engine_recycling_shares_one_table_and_keeps_greedy_output(tiny):
     assert len(shared.table) > 0 and accepted > 0 and drafted > accepted
 
 
+def picked(picker, batch, steps, rate, rng):
+    """The arms a picker runs for `steps` steps of `batch` requests, each arm at its `rate` tokens/s, +-15%."""
+    picks = []
+    for _ in range(steps):
+        arm = picker.choose(batch)
+        picks.append(arm)
+        picker.record(batch, arm, tokens=batch * rng.uniform(0.85, 1.15), seconds=batch / rate[arm])
+    return picks
+
+
 def test_mode_picker_carries_a_proof_to_larger_and_smaller_batches():
     """Never proven at 8 requests: the 9-16 bucket, on the model's grants, switches without a proof of its own,
     and a bucket first seen later (17-32) starts on never. Speculation proven against never at 4 sends the
     smaller buckets on never back to the model. Each bucket still explores and its own proof wins."""
-    import random
-
-    from specdec.serving.scheduler import ModePicker
-
-    rng = random.Random(1)
-    p = ModePicker(explore=8, margin=0.02)
-
-    def run(batch, steps, rate):
-        picks = []
-        for _ in range(steps):
-            arm = p.choose(batch)
-            picks.append(arm)
-            tokens = batch * rng.uniform(0.85, 1.15)
-            p.record(batch, arm, tokens=tokens, seconds=batch / rate[arm])
-        return picks
+    p, rng = ModePicker(explore=8, margin=0.02), random.Random(1)
+    run = lambda batch, steps, rate: picked(p, batch, steps, rate, rng)  # noqa: E731
 
     losing = {"model": 280.0, "never": 340.0, "always": 260.0}
     run(16, 20, losing)  # a few steps at 16: far from a proof
@@ -576,21 +573,9 @@ def test_mode_picker_explores_less_once_settled_and_again_after_a_switch():
     """Exploring a losing arm costs a slow step. Once both other arms have filled their windows without a proof,
     the bucket explores half as often, down to one step in 64; a load change is still found, and the switch
     brings exploration back to one step in 8."""
-    import random
-
-    from specdec.serving.scheduler import ModePicker
-
-    rng = random.Random(2)
-    p = ModePicker(explore=8, window=64)
+    p, rng = ModePicker(explore=8, window=64), random.Random(2)
     rate = {"model": 300.0, "never": 240.0, "always": 250.0}
-
-    def run(steps):
-        picks = []
-        for _ in range(steps):
-            arm = p.choose(4)
-            picks.append(arm)
-            p.record(4, arm, tokens=4 * rng.uniform(0.85, 1.15), seconds=4 / rate[arm])
-        return picks
+    run = lambda steps: picked(p, 4, steps, rate, rng)  # noqa: E731
 
     picks = run(1000)
     assert 100 <= len([a for a in picks if a != "model"]) <= 130  # one step in 8 explores
