@@ -29,3 +29,5 @@ git worktree add -f /tmp/base 1255c9e
 PYTHONPATH=. .venv/bin/python $B/b1_grants.py
 .venv/bin/specdec loadtest --serve auto,always,never --model qwen2.5-coder-1.5b --dtype q4 --concurrency 1,2,4,8 \
     --max-tokens 32 --prompts spec-bench --timeout 900 --out $B/serve-qwen1.5b
+.venv/bin/specdec loadtest --serve auto,always,never --model qwen2.5-coder-1.5b --dtype q4 --concurrency 1,2,4 \
+    --repeat 2 --max-tokens 32 --prompts spec-bench --timeout 900 --out $B/serve-qwen1.5b-final
