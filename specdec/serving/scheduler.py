@@ -195,13 +195,6 @@ class ModePicker:
             return
         mine = self.samples.setdefault((b, arm), deque(maxlen=self.window))
         mine.append(math.log(max(tokens, 0.5) / seconds / (ref[0] / ref[1])))
-        self.unproven[b] = self.unproven.get(b, 0) + 1
-        if self.unproven[b] >= (len(ARMS) - 1) * self.window:  # every other arm a full window, none proven
-            self.unproven[b] = 0
-            self.every[b] = min(2 * self.every.get(b, self.explore), 8 * self.explore)
-            for a in ARMS:  # fresh samples from here: old ones, further apart in time, would outweigh a change
-                self.samples.pop((b, a), None)
-            return
         if len(mine) >= self.least:
             mean = sum(mine) / len(mine)
             sd = math.sqrt(sum((x - mean) ** 2 for x in mine) / (len(mine) - 1))
@@ -216,6 +209,13 @@ class ModePicker:
                         self.never_above = b
                     for other in [o for o, a in self.current.items() if o < b and a == "never"]:
                         self._switch(other, "model")
+                return
+        self.unproven[b] = self.unproven.get(b, 0) + 1
+        if self.unproven[b] >= (len(ARMS) - 1) * self.window:  # every other arm a full window, none proven
+            self.unproven[b] = 0
+            self.every[b] = min(2 * self.every.get(b, self.explore), 8 * self.explore)
+            for a in ARMS:  # fresh samples from here: old ones, further apart in time, would outweigh a change
+                self.samples.pop((b, a), None)
 
     def _start(self, b: int) -> str:
         return "never" if self.never_above is not None and b > self.never_above else "model"
