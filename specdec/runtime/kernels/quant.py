@@ -29,8 +29,9 @@ and 3.1 GB in bf16.
 
 Dispatch: the best ISA the CPU has (`SPECDEC_QKERNEL=vnni512|avx2|torch` forces one: tests compare
 them). Prompt rows may take another path (`prefill_isa`: AMX tiles on bf16-dequantized weights, where the CPU
-has AMX-BF16), the same for every prompt row whatever the chunk, so every method sees the same KV cache. The C library is built on first use like the bf16 kernel (`specdec.runtime.kernels`); without
-it the torch code runs (one warning), slower but with the same bits.
+has AMX-BF16), the same for every prompt row whatever the chunk, so every method sees the same KV cache. The C
+library is built on first use like the bf16 kernel (`specdec.runtime.kernels`); without it the torch code runs
+(one warning), slower but with the same bits.
 """
 
 from __future__ import annotations
