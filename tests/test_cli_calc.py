@@ -80,6 +80,21 @@ def test_help_is_complete(capsys):
         assert all(f in text for f in flags), cmd
 
 
+def test_every_help_renders(capsys):
+    """Every command's --help prints, with no argparse escape left in it: a description is not %-formatted, so
+    '10%%' there showed as written (specdec probe did)."""
+    from specdec.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert len(sub.choices) >= 10
+    for cmd in sub.choices:
+        with pytest.raises(SystemExit) as e:
+            main([cmd, "--help"])
+        assert e.value.code == 0
+        text = capsys.readouterr().out
+        assert text.startswith(f"usage: specdec {cmd}") and "%%" not in text and "%(" not in text, cmd
+
+
 @pytest.mark.parametrize("what", ["surface", "rounds", "budget"])
 def test_plot_writes_an_image(capsys, tmp_path, what):
     out = tmp_path / f"{what}.png"
