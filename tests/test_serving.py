@@ -422,6 +422,61 @@ def test_exact_models_cut_prompts_anywhere_with_the_same_output(model, tmp_path,
     assert max(prefilled) == 5 and sum(prefilled) == sum(len(i) - 1 for i in ids)
 
 
+def test_prefill_room_from_the_cost_curve():
+    """Beside B decoding requests a step prefills at most the positions that keep it within `prefill_stall`
+    decode-only steps (the docstring's example: SmolLM2 q4's curve, B = 4, stall 2 -> 12); the whole chunk
+    when nobody decodes or the stall is off."""
+    curve = CostCurve({1: 1.0, 4: 1.23, 8: 1.5, 16: 2.4, 64: 8.2})
+
+    class Exact:  # only what `prefill_room` reads
+        row_exact = True
+
+    def room(batch, stall=2.0, chunk=128):
+        engine = Engine.__new__(Engine)
+        engine.curve, engine.prefill_chunk, engine.prefill_stall, engine.cut_anywhere = curve, chunk, stall, True
+        return engine.prefill_room(batch)
+
+    assert room(4) == 12 and curve(16) <= 2 * curve(4) < curve(17)
+    assert room(0) == 128 and room(4, stall=0) == 128 and room(4, chunk=8) == 8
+    assert room(1, stall=1.0) == 1  # at least one position: a prompt always moves
+    with pytest.raises(SpecdecError):
+        Engine(Exact(), None, budget=6, prefill_stall=0.5)
+
+
+def test_prefill_beside_decoding_keeps_within_the_stall_with_the_same_output(model, tmp_path, monkeypatch):  # noqa: F811
+    """With requests decoding, a step's prompt positions stay within `prefill_room` (cut anywhere: same bits);
+    with the stall off the whole chunk goes in. Every request still equals its decode()."""
+    from specdec.serving import engine as engine_module
+    from tests.tiny import save_tiny_tokenizer
+
+    save_tiny_tokenizer(tmp_path)
+    tok = Tokenizer(tmp_path)
+    ids = [tok.encode(p, chat=False) for p in PROMPTS]
+    refs = [reference(model, tok, i, 20, PromptLookup(), AdaptiveK()) for i in ids]
+    real = engine_module.packed_forward
+    curve = CostCurve({1: 1.0, 2: 1.1, 4: 1.3, 8: 1.8, 64: 12.0})
+    for stall in (1.3, 0):
+        steps = []  # (decoding requests, prompt positions) per step
+
+        def spy(m, segments, layers=()):
+            steps.append((sum(1 for s in segments if s.logits), sum(len(s) for s in segments if not s.logits)))
+            return real(m, segments, layers)
+        monkeypatch.setattr(engine_module, "packed_forward", spy)
+        engine = Engine(model, tok, budget=6, cost=curve, speculation="never", max_batch=3, prefill_chunk=64,
+                        prefill_stall=stall)
+        assert engine.cut_anywhere
+        jobs = [Job(i, Request(max_new_tokens=20), method="prompt-lookup") for i in ids]
+        events = run_engine(engine, jobs)
+        for job, ref in zip(jobs, refs):
+            assert [t for e in events[job.id] for t in e.tokens] == ref.token_ids
+        beside = [p for b, p in steps if b and p]
+        assert beside and sum(p for _, p in steps) == sum(len(i) - 1 for i in ids)
+        if stall:
+            assert all(p <= engine.prefill_room(b) for b, p in steps if b) and max(beside) <= 3
+        else:
+            assert max(beside) > 3  # the 70-token prompt goes in whole beside the others
+
+
 def test_the_steps_overhead_makes_a_draft_relatively_cheaper():
     """A step's fixed overhead (bookkeeping, verification) does not grow with k: counted in, a borderline ask
     pays. B = 4, cost 1 + 0.05 (n - 1): alpha 0.15 at k = 1 gives 4.15 / 1.20 < 4 / 1.15 alone, but

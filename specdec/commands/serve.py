@@ -43,6 +43,12 @@ def register(sub) -> None:
                         "128). Exact models (q8, q4, bf16 on the kernel) cut a prompt anywhere, with the same bits; "
                         "others in whole pieces cut at multiples of 256 positions as single-request decoding cuts "
                         "them, at least one piece per step")
+    p.add_argument("--prefill-stall", type=float, default=4.0, metavar="X",
+                   help="exact models: a step that prefills beside decoding requests takes only the prompt "
+                        "positions that keep it within X decode-only steps by the measured cost curve (at least "
+                        "one position; the whole --prefill-chunk when no request decodes), so a new prompt delays "
+                        "the streams of the others by a bounded amount (default 4; 0 = off: the whole chunk "
+                        "every step)")
     p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECDEC_API_KEY, else none)")
     p.set_defaults(func=run)
@@ -73,6 +79,8 @@ def run(args) -> int:
 
     if args.max_batch < 1 or args.prefill_chunk < 1:
         raise SpecdecError("--max-batch and --prefill-chunk must be at least 1")
+    if not (args.prefill_stall == 0 or args.prefill_stall >= 1):
+        raise SpecdecError(f"--prefill-stall must be 0 (off) or at least 1 decode-only step, got {args.prefill_stall}")
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in [0, 65535], got {args.port}")
     budget = budget_arg(args.budget)
@@ -89,7 +97,7 @@ def run(args) -> int:
             raise
     engine = Engine(llm.model, llm.tokenizer, budget=budget, cost=llm.cost_curve(measure=budget is None),
                     speculation=args.speculation, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
-                    drafters=drafters)
+                    drafters=drafters, prefill_stall=args.prefill_stall)
     app = create_app(engine, args.model, method=args.method, api_key=args.api_key)
     spend = "the measured cost curve" if budget is None else f"a budget of {budget:g} positions"
     print(f"specdec serve: {args.model} on http://{args.host}:{args.port} (speculation {args.speculation} within "

@@ -5,9 +5,12 @@ Every step, for all running requests at once:
     admit waiting jobs into free slots, interactive first (a slot: its own KV cache, drafter, adaptive k, stopper)
     prefill: the next piece of each new prompt, at most `prefill_chunk` tokens per step in all. An exact model
              (`row_exact`, with the exact-attention kernel) gives every position the same bits however a
-             prompt is cut, so its pieces are cut to fit: a new prompt never stalls the decoding requests
-             for more than `prefill_chunk` positions. Otherwise pieces are cut as decode() cuts them
-             (`prefill_spans`, so the KV cache holds the same bits), whole while they fit, at least one
+             prompt is cut, so its pieces are cut to fit: beside B decoding requests a step takes only the
+             prompt positions that keep it within `prefill_stall` decode-only steps by the measured cost
+             curve (`prefill_room`; the whole chunk when nobody decodes), so a new prompt delays the others'
+             next tokens by a bounded amount, not by a whole chunk's forward. Otherwise pieces are cut as
+             decode() cuts them (`prefill_spans`, so the KV cache holds the same bits), whole while they fit,
+             at least one
     grant:   each decoding request's k from the scheduler (its own alpha and tau, B, priority, and the
              budget line or the measured cost curve)
     draft:   each decoding request proposes up to its k tokens (prompt lookup, or EAGLE: a head per server,
@@ -110,13 +113,14 @@ class Slot:
 
 
 OVERHEAD_WEIGHT = 0.1  # running-average weight of each step's measured overhead (`Engine.overhead`)
+PREFILL_STALL = 4.0    # a step prefilling beside decoding requests costs at most this many decode-only steps
 
 
 class Engine:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, budget: float | None = None,
                  cost: CostCurve | None = None, speculation: str = "auto", max_batch: int = 8,
                  prefill_chunk: int = 128, metrics: Metrics | None = None,
-                 drafters: dict[str, Callable[[], Drafter]] | None = None):
+                 drafters: dict[str, Callable[[], Drafter]] | None = None, prefill_stall: float = PREFILL_STALL):
         """`budget`: the lesson's budget line in positions; None: the measured `cost` curve decides what
         pays (`specdec.serving.scheduler`). `cost` also prices each request's own adaptive k. `drafters`:
         more methods than prompt lookup, each a factory of one request's drafter (e.g. "eagle":
@@ -125,6 +129,8 @@ class Engine:
             raise SpecdecError(f"--speculation must be one of {', '.join(scheduler.MODES)}, got {speculation!r}")
         if max_batch < 1 or prefill_chunk < 1 or (budget is not None and not budget > 0):
             raise SpecdecError("max batch, prefill chunk and budget must be positive")
+        if not (prefill_stall == 0 or prefill_stall >= 1):
+            raise SpecdecError(f"--prefill-stall must be 0 (off) or at least 1 decode-only step, got {prefill_stall}")
         self.model, self.tokenizer = model, tokenizer
         self.sources: dict[str, Callable[[], Drafter]] = {"prompt-lookup": PromptLookup, **(drafters or {})}
         unknown = set(self.sources) - set(METHODS)
@@ -134,6 +140,7 @@ class Engine:
         self.line = budget if budget is not None else scheduler.line_of(self.cost)  # for "steps past the budget"
         self.curve = scheduler.extend(self.cost)  # the cost of any number of positions, in one-position forwards
         self.speculation, self.max_batch, self.prefill_chunk = speculation, max_batch, prefill_chunk
+        self.prefill_stall = prefill_stall
         self.cut_anywhere = model.row_exact and attention.available()  # prompts cut anywhere, same bits
         self.overhead = 0.0  # a step's time beyond its forward, in one-position forwards (running average)
         self.picker = scheduler.ModePicker() if speculation == "auto" and budget is None else None
@@ -228,7 +235,8 @@ class Engine:
     def _step(self) -> None:
         t0 = time.perf_counter()
         decoding = [s for s in self.running if s.decoding]
-        segments, prefills, left = [], [], self.prefill_chunk
+        segments, prefills, left = [], [], self.prefill_room(len(decoding))
+        room = left
         for slot in self.running:  # prefill pieces, oldest request first (see the module docstring)
             if not slot.decoding and left > 0:
                 end = prefill_spans(slot.prefilled, len(slot.job.prompt_ids) - 1)[0][1]
@@ -240,7 +248,7 @@ class Engine:
                                         features=bool(slot.features)))
                 prefills.append((slot, end))
                 left -= end - slot.prefilled
-        grants = self._grants(decoding, self.prefill_chunk - left)
+        grants = self._grants(decoding, room - left)
         rounds = []
         for slot in decoding:
             k = grants.get(slot.job.id, 0)
@@ -271,6 +279,21 @@ class Engine:
             self.overhead += OVERHEAD_WEIGHT * (extra - self.overhead)
         self.metrics.step(batch=len(decoding), positions=positions, budget=self.line, tokens=committed,
                           seconds=seconds)
+
+    def prefill_room(self, batch: int) -> int:
+        """Prompt positions a step may prefill beside `batch` decoding requests: the whole `prefill_chunk` when
+        none decodes (or with `prefill_stall` 0, or a model whose prompts are cut only in whole pieces), else the
+        most m (at least 1) with curve(batch + m) <= prefill_stall * curve(batch). Example: SmolLM2 q4 on a Zen 4
+        (curve 1.0, 1.23, 1.5, 2.4 at 1, 4, 8, 16 positions), 4 requests decoding, stall 2: 2 x 1.23 = 2.46
+        allows 12 more positions (16 in all), where a 128-position chunk costs ~16 steps. Measured there
+        (BENCHMARKS.md, session 15, plain batching at 8 clients): p99 inter-token latency 125-129 ms with the
+        whole chunk, 37-46 with stall 2 (tokens/s 10% lower), 52 with stall 4, the default (tokens/s as high)."""
+        if not batch or not self.prefill_stall or not self.cut_anywhere:
+            return self.prefill_chunk
+        limit, m = self.prefill_stall * self.curve(batch), 1
+        while m < self.prefill_chunk and self.curve(batch + m + 1) <= limit:
+            m += 1
+        return m
 
     def _grants(self, decoding: list[Slot], prefill: int) -> dict[str, int]:
         mode = self.speculation
