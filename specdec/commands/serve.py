@@ -75,12 +75,11 @@ def run(args) -> int:
     from specdec.api import LLM
     from specdec.errors import SpecdecError
     from specdec.serving.app import create_app
-    from specdec.serving.engine import Engine
+    from specdec.serving.engine import Engine, check_stall
 
     if args.max_batch < 1 or args.prefill_chunk < 1:
         raise SpecdecError("--max-batch and --prefill-chunk must be at least 1")
-    if not (args.prefill_stall == 0 or args.prefill_stall >= 1):
-        raise SpecdecError(f"--prefill-stall must be 0 (off) or at least 1 decode-only step, got {args.prefill_stall}")
+    check_stall(args.prefill_stall)  # before the model loads
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in [0, 65535], got {args.port}")
     budget = budget_arg(args.budget)

@@ -116,6 +116,12 @@ OVERHEAD_WEIGHT = 0.1  # running-average weight of each step's measured overhead
 PREFILL_STALL = 4.0    # a step prefilling beside decoding requests costs at most this many decode-only steps
 
 
+def check_stall(x: float) -> None:
+    """`prefill_stall` is 0 (off) or at least one decode-only step (a NaN is neither)."""
+    if not (x == 0 or x >= 1):
+        raise SpecdecError(f"--prefill-stall must be 0 (off) or at least 1 decode-only step, got {x}")
+
+
 class Engine:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, budget: float | None = None,
                  cost: CostCurve | None = None, speculation: str = "auto", max_batch: int = 8,
@@ -129,8 +135,7 @@ class Engine:
             raise SpecdecError(f"--speculation must be one of {', '.join(scheduler.MODES)}, got {speculation!r}")
         if max_batch < 1 or prefill_chunk < 1 or (budget is not None and not budget > 0):
             raise SpecdecError("max batch, prefill chunk and budget must be positive")
-        if not (prefill_stall == 0 or prefill_stall >= 1):
-            raise SpecdecError(f"--prefill-stall must be 0 (off) or at least 1 decode-only step, got {prefill_stall}")
+        check_stall(prefill_stall)
         self.model, self.tokenizer = model, tokenizer
         self.sources: dict[str, Callable[[], Drafter]] = {"prompt-lookup": PromptLookup, **(drafters or {})}
         unknown = set(self.sources) - set(METHODS)
