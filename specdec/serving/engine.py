@@ -295,10 +295,13 @@ class Engine:
         whole chunk, 37-46 with stall 2 (tokens/s 10% lower), 52 with stall 4, the default (tokens/s as high)."""
         if not batch or not self.prefill_stall or not self.cut_anywhere:
             return self.prefill_chunk
-        limit, m = self.prefill_stall * self.curve(batch), 1
-        while m < self.prefill_chunk and self.curve(batch + m + 1) <= limit:
-            m += 1
-        return m
+        rooms = self.__dict__.setdefault("_rooms", {})  # the curve is fixed: once per batch size, not every step
+        if batch not in rooms:
+            limit, m = self.prefill_stall * self.curve(batch), 1
+            while m < self.prefill_chunk and self.curve(batch + m + 1) <= limit:
+                m += 1
+            rooms[batch] = m
+        return rooms[batch]
 
     def _grants(self, decoding: list[Slot], prefill: int) -> dict[str, int]:
         mode = self.speculation
