@@ -59,6 +59,7 @@ def live(tiny):
     folder, model, tok = tiny
     engine = Engine(model, tok, budget=6, max_batch=4, prefill_chunk=16)
     server = Live(create_app(engine, folder))
+    server.engine = engine
     yield server
     server.close()
 
@@ -179,7 +180,8 @@ def test_metrics_names_documented_in_readme(tiny, client, live):
              "specdec_steps_over_budget_total", "specdec_step_positions", "specdec_tokens_per_step",
              "specdec_drafted_tokens_total", "specdec_accepted_tokens_total", "specdec_realized_alpha",
              "specdec_position_drafted_total", "specdec_position_accepted_total", "specdec_k_granted",
-             "specdec_inter_token_seconds", "specdec_time_to_first_token_seconds", "specdec_requests_total"]
+             "specdec_inter_token_seconds", "specdec_time_to_first_token_seconds", "specdec_requests_total",
+             "specdec_auto_arm_steps", "specdec_auto_arm_ratio"]
     for name in names:
         assert name in text and name in readme, name
     assert 'specdec_requests_total{finish="length"}' in text or 'specdec_requests_total{finish="stop"}' in text
@@ -251,13 +253,16 @@ def test_loadtest_against_a_live_server(tiny, live, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"category": "t", "question_id": i, "turns": [p]})
                                  for i, p in enumerate(PROMPTS)) + "\n")
+    live.engine.metrics.arm_ratios("3-4", "never", {"always": (0.85, 40)})  # as an auto server's picker reports
     assert main(["loadtest", "--url", live.url, "--concurrency", "1,3", "--requests", "5", "--prompts", str(prompts),
                  "--max-tokens", "8", "--out", str(tmp_path / "lt")]) == 0
     d = json.loads((tmp_path / "lt" / "loadtest.json").read_text())
     assert d["model"] == tiny[0] and [lv["concurrency"] for lv in d["levels"]] == [1, 3]
     for lv in d["levels"]:
         assert lv["errors"] == 0 and lv["completed"] == 5 and lv["tokens"] > 0 and lv["ttft_p50"] > 0
-    assert "| - | 3 | 5/5 | 0 |" in (tmp_path / "lt" / "loadtest.md").read_text()
+    table = (tmp_path / "lt" / "loadtest.md").read_text()
+    assert "| - | 3 | 5/5 | 0 |" in table and table.count("| runs never; always 0.85× |") == 1  # at 3, not at 1
+    assert d["levels"][1]["ratios"] == {"never": 1.0, "always": 0.85} and d["levels"][0]["ratios"] == {}
     assert all(lv["server"]["steps"] > 0 and lv["server"]["drafted"] >= 0 for lv in d["levels"])
     assert (tmp_path / "lt" / "loadtest.png").read_bytes()[:4] == b"\x89PNG"
     assert main(["loadtest", "--url", "http://10.0.0.1:8000", "--prompts", str(prompts)]) == 2  # loopback only
@@ -281,6 +286,7 @@ def test_loadtest_starts_its_own_servers(tiny, tmp_path):
     never, auto = levels
     assert len(never["throughputs"]) == 3 and never["throughput"] == sorted(never["throughputs"])[1]  # the median run
     assert never["paired"]["auto"] * auto["paired"]["never"] == pytest.approx(1.0)  # one median ratio, both ways
+    assert never["paired_itl_p99"]["auto"] * auto["paired_itl_p99"]["never"] == pytest.approx(1.0)
     assert "× auto" in (tmp_path / "lt" / "loadtest.md").read_text() and "raw" not in never
 
 
@@ -292,6 +298,7 @@ def test_dashboard_page_in_a_browser(tiny, client, live, tmp_path):
 
     for p in PROMPTS[:3]:
         client.completions.create(model=tiny[0], prompt=p, max_tokens=12, temperature=0)
+    live.engine.metrics.arm_ratios("5-8", "model", {"never": (1.07, 30), "always": (0.8, 12)})
     errors = []
     with sync_playwright() as pw:
         ctx = pw.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=chromium(),
@@ -305,6 +312,7 @@ def test_dashboard_page_in_a_browser(tiny, client, live, tmp_path):
             cards = page.inner_text("#cards")
             assert "budget (positions)\n6" in cards and "steps past the budget" in cards
             assert "prompt-lookup" in page.inner_text("#alpha") and "not speculating" in page.inner_text("#latency")
+            assert "5-8\tmodel\t1.00\t1.07\t0.80" in page.inner_text("#arms")  # auto's own measure per B
         finally:
             ctx.close()
     assert not errors

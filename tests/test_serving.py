@@ -18,6 +18,7 @@ from specdec.errors import SpecdecError
 from specdec.runtime.loader import load_transformer
 from specdec.serving.batch import Segment, packed_forward
 from specdec.serving.engine import Engine, Job
+from specdec.serving.metrics import Metrics
 from specdec.serving.scheduler import Ask, ModePicker, grant
 from specdec.tokenizer import Tokenizer
 from tests.test_exact_bf16 import model  # noqa: F401 (the fixture: bf16 on each kernel path)
@@ -640,6 +641,34 @@ def test_mode_picker_explores_less_once_settled_and_again_after_a_switch():
     steps = next(i for i in range(1, 4001) if run(1) and p.current[4] == "always")
     assert steps < 2500 and p.every.get(4, 8) == 8
     assert run(500)[-100:].count("always") > 80
+
+
+def test_mode_picker_estimates_each_arm_against_the_running_one():
+    """`estimates` gives, per batch bucket, what the server measured: each other arm's tokens/s relative to the
+    running arm, from steps paired in time (the machine's drift cancels). It keeps a settled bucket's last full
+    window while fresh samples come in, forgets everything at a switch, and reaches /metrics per bucket."""
+    p, rng = ModePicker(explore=8, window=64), random.Random(3)
+    rate = {"model": 300.0, "never": 270.0, "always": 240.0}
+    assert p.estimates(4) == ("model", {})  # nothing measured yet
+    picked(p, 4, 1200, rate, rng)  # settled: both windows filled without a proof, then fresh samples
+    current, ratios = p.estimates(3)  # 3 and 4 share a bucket
+    assert current == "model" and set(ratios) == {"never", "always"}
+    assert ratios["never"][0] == pytest.approx(0.9, abs=0.04) and ratios["always"][0] == pytest.approx(0.8, abs=0.04)
+    assert all(n >= p.least for _, n in ratios.values())
+    assert p.estimates(8) == ("model", {}) and [p.span(b) for b in (1, 2, 3, 8, 9)] == ["1", "2", "3-4", "5-8", "9-16"]
+    metrics = Metrics()
+    metrics.arm_ratios(p.span(4), current, ratios)
+    text = metrics.render().decode()
+    assert 'specdec_auto_arm_ratio{arm="model",batch="3-4"} 1.0' in text
+    assert f'specdec_auto_arm_ratio{{arm="never",batch="3-4"}} {ratios["never"][0]}' in text
+    rate["always"] = 500.0  # always takes over: the old figures were relative to the model, so they go
+    picked(p, 4, 600, rate, rng)
+    assert p.current[4] == "always" and all(n < 64 for _, n in p.estimates(4)[1].values())
+    current, ratios = p.estimates(4)
+    metrics.arm_ratios(p.span(4), current, ratios)
+    text = metrics.render().decode()
+    assert 'specdec_auto_arm_ratio{arm="always",batch="3-4"} 1.0' in text
+    assert ('arm="model",batch="3-4"' in text) == ("model" in ratios)
 
 
 def test_a_refused_request_probes_so_its_alphas_can_move():

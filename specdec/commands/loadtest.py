@@ -73,13 +73,21 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def paired(mode: str, runs: dict[str, list[dict]]) -> dict[str, float]:
-    """`mode`'s throughput over each other mode's, the median of the ratios of runs made one after the other
-    (the r-th run of each): the machine's speed drifts by a third over minutes, and a pair shares its phase."""
+def paired(mode: str, runs: dict[str, list[dict]], measure: str = "throughput") -> dict[str, float]:
+    """`mode`'s throughput (or `measure` "itl_p99": its p99 inter-token latency) over each other mode's, the
+    median of the ratios of runs made one after the other (the r-th run of each): the machine's speed drifts by
+    a third over minutes, and a pair shares its phase, where latencies pooled over runs mostly say which mode
+    met the slow phases."""
     import statistics
 
-    rate = lambda r: sum(d["tokens"] for d in r["done"]) / r["seconds"]  # noqa: E731
-    return {other: statistics.median(rate(a) / rate(b) for a, b in zip(runs[mode], theirs))
+    from specdec.serving.loadtest import percentile
+
+    def value(run):
+        if measure == "throughput":
+            return sum(d["tokens"] for d in run["done"]) / run["seconds"]
+        return percentile([g for d in run["done"] for g in d["gaps"]], 0.99) or float("nan")
+
+    return {other: statistics.median(value(a) / value(b) for a, b in zip(runs[mode], theirs))
             for other, theirs in runs.items() if other != mode}
 
 
@@ -155,7 +163,8 @@ def run(args) -> int:
                     runs[mode] += lv["raw"]
                     print(f"{mode} c={c}: {lv['throughput']:.2f} tokens/s, {lv['errors']} errors", file=sys.stderr)
             for mode, mine in runs.items():
-                levels.append(dict(pooled(c, mine), mode=mode, paired=paired(mode, runs)))
+                levels.append(dict(pooled(c, mine), mode=mode, paired=paired(mode, runs),
+                                   paired_itl_p99=paired(mode, runs, "itl_p99")))
     finally:
         for _, proc, _ in servers:
             if proc is not None:

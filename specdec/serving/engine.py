@@ -279,6 +279,7 @@ class Engine:
         positions, seconds = sum(len(s) for s in segments), time.perf_counter() - t0
         if self.picker is not None and decoding and not prefills:  # a step that also prefilled is not the arm's
             self.picker.record(len(decoding), self.arm, committed, seconds)
+            self.metrics.arm_ratios(self.picker.span(len(decoding)), *self.picker.estimates(len(decoding)))
         if tv > td:  # the step beyond its forward, in units of one-position forwards (cost(positions) = tv - td)
             extra = (seconds - (tv - td)) / (tv - td) * self.curve(positions)
             self.overhead += OVERHEAD_WEIGHT * (extra - self.overhead)

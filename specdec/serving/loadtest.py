@@ -6,12 +6,13 @@ requests with at most C in flight, each timed from the client's side.
 
 Throughput is completion tokens (the server's `usage`) over the level's wall time (`pooled`: the median of
 repeated runs; `specdec loadtest --repeat` also gives each mode's paired ratio to the others, runs made one
-after the other compared, since the machine's speed drifts). Time to first token
+after the other compared, since the machine's speed drifts, for throughput and for p99 ITL). Time to first token
 (TTFT): request sent to the first non-empty text. Inter-token latency (ITL): the gaps between a
 response's successive text chunks, all responses of the level pooled (a speculative round that commits
 three tokens arrives as one chunk, so its gap is what a reader waits). A request that fails, or is still
 running when the level's time is up, counts as an error. The server's /metrics, read before and after
-each level, add its side: steps, drafted and accepted tokens (so alpha), steps past the budget line.
+each level, add its side: steps, drafted and accepted tokens (so alpha), steps past the budget line, and an
+auto server's own measure of its arms at the level's batch size (`scheduler.ModePicker.estimates`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from urllib.parse import urlparse
 import httpx
 
 from specdec.errors import SpecdecError
+from specdec.serving.scheduler import ARMS, ModePicker  # auto's arms, counted as "arm_<name>" steps
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -84,7 +86,7 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
             except Exception as e:  # noqa: BLE001 - every failure is one error of the level
                 errors.append(f"{type(e).__name__}: {e}")
 
-    before = await server_counters(url)
+    before, _ = await server_counters(url)
     t0 = time.perf_counter()
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout)) as client:
         tasks = [asyncio.create_task(worker(i, client)) for i in range(requests)]
@@ -95,16 +97,17 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
             await asyncio.wait(late)
             errors.extend(["timeout"] * len(late))
     wall = time.perf_counter() - t0
-    after = await server_counters(url)
+    after, ratios = await server_counters(url)
     run = dict(requests=requests, done=done, errors=errors, seconds=wall,
-               server={k: after[k] - before[k] for k in after})
+               server={k: after[k] - before[k] for k in after}, ratios=ratios.get(ModePicker.span(concurrency), {}))
     return pooled(concurrency, [run])
 
 
 def pooled(concurrency: int, runs: list[dict]) -> dict:
     """One row from one or more runs of a level (`--repeat`): throughput is the median run's (the machine's
     speed drifts between runs), latencies are percentiles over every run's requests pooled, counts are sums.
-    Each run's throughput stays in `throughputs`; `raw` keeps what pooling needs."""
+    Each run's throughput stays in `throughputs`; `raw` keeps what pooling needs. `ratios`: an auto server's
+    own paired estimates at the level's batch size after its last run (`server_counters`)."""
     done = [d for r in runs for d in r["done"]]
     errors = [e for r in runs for e in r["errors"]]
     gaps = [g for d in done for g in d["gaps"]]
@@ -117,22 +120,24 @@ def pooled(concurrency: int, runs: list[dict]) -> dict:
                 ttft_p50=percentile(ttfts, 0.5), ttft_p99=percentile(ttfts, 0.99),
                 itl_p50=percentile(gaps, 0.5), itl_p99=percentile(gaps, 0.99),
                 itl_mean=statistics.fmean(gaps) if gaps else None, server=server,
-                alpha=server["accepted"] / server["drafted"] if server["drafted"] else None, raw=runs)
+                alpha=server["accepted"] / server["drafted"] if server["drafted"] else None,
+                ratios=runs[-1].get("ratios", {}), raw=runs)
 
 
 SERVER_COUNTERS = {"steps": "specdec_steps_total", "over_budget": "specdec_steps_over_budget_total",
                    "drafted": "specdec_drafted_tokens_total", "accepted": "specdec_accepted_tokens_total"}
-ARMS = ("model", "never", "always")  # auto's arms (`scheduler.ARMS`), counted as "arm_<name>" steps
 
 
-async def server_counters(url: str) -> dict[str, float]:
+async def server_counters(url: str) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """The server's own view (its /metrics), summed over labels: steps, steps past the budget, drafted and
-    accepted tokens; and auto's steps per arm. A level's difference says whether and how much it speculated."""
+    accepted tokens; and auto's steps per arm. A level's difference says whether and how much it speculated.
+    Second: auto's measured arm ratios per batch bucket ({"3-4": {"model": 1.0, "never": 0.97}}; `ModePicker`)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     async with httpx.AsyncClient(timeout=10) as client:
         text = (await client.get(url + "/metrics")).text
     totals = dict.fromkeys([*SERVER_COUNTERS, *(f"arm_{a}" for a in ARMS)], 0.0)
+    ratios: dict[str, dict[str, float]] = {}
     names = {v: k for k, v in SERVER_COUNTERS.items()}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -140,25 +145,33 @@ async def server_counters(url: str) -> dict[str, float]:
                 totals[names[sample.name]] += sample.value
             elif sample.name == "specdec_auto_arm_steps_total":
                 totals[f"arm_{sample.labels['arm']}"] += sample.value
-    return totals
+            elif sample.name == "specdec_auto_arm_ratio":
+                ratios.setdefault(sample.labels["batch"], {})[sample.labels["arm"]] = sample.value
+    return totals, ratios
 
 
 def markdown(levels: list[dict], title: str) -> str:
     ms = lambda x: "–" if x is None else f"{1000 * x:.0f}"  # noqa: E731
     rows = [f"## {title}", "",
             "| mode | concurrency | completed | errors | tokens/s | TTFT p50 ms | ITL p50 ms | ITL p99 ms "
-            "| × the other modes (paired) | drafted per step | α | steps past budget | auto's arms (model/never/always) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+            "| × the other modes (paired) | ITL p99 × the others (paired) | drafted per step | α | steps past budget "
+            "| auto's arms (model/never/always) | auto's own measure at this B |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---|---|"]
     for lv in levels:
         sv, steps = lv["server"], max(lv["server"]["steps"], 1)
         alpha = "–" if lv["alpha"] is None else f"{lv['alpha']:.2f}"
-        versus = ", ".join(f"{r:.2f}× {m}" for m, r in lv.get("paired", {}).items()) or "–"
+        versus, tails = (", ".join(f"{r:.2f}× {m}" for m, r in lv.get(key, {}).items()) or "–"
+                         for key in ("paired", "paired_itl_p99"))
         arm_steps = [sv.get(f"arm_{a}", 0) for a in ARMS]
         arms = "/".join(f"{100 * n / sum(arm_steps):.0f}" for n in arm_steps) + "%" if sum(arm_steps) else "–"
+        own = lv.get("ratios", {})
+        runs_on = next((a for a, r in own.items() if r == 1.0), None)
+        measured = (f"runs {runs_on}; " + ", ".join(f"{a} {r:.2f}×" for a, r in own.items() if a != runs_on)
+                    if runs_on else "–")
         rows.append(f"| {lv.get('mode', '-')} | {lv['concurrency']} | {lv['completed']}/{lv['requests']} | "
                     f"{lv['errors']} | {lv['throughput']:.2f} | {ms(lv['ttft_p50'])} | {ms(lv['itl_p50'])} | "
-                    f"{ms(lv['itl_p99'])} | {versus} | {sv['drafted'] / steps:.2f} | {alpha} | {sv['over_budget'] / steps:.0%} | "
-                    f"{arms} |")
+                    f"{ms(lv['itl_p99'])} | {versus} | {tails} | {sv['drafted'] / steps:.2f} | {alpha} | "
+                    f"{sv['over_budget'] / steps:.0%} | {arms} | {measured} |")
     return "\n".join(rows) + "\n"
 
 

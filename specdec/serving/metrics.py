@@ -16,6 +16,9 @@ Each app owns its registry (served at /metrics). Names, documented in README.md'
     specdec_position_accepted_total         counter{position}: ... and accepted it (per-position acceptance)
     specdec_k_granted                       histogram{priority}: k the scheduler granted per request-step asked
     specdec_auto_arm_steps_total            counter{arm}: auto's steps by how they were granted (model, never, always)
+    specdec_auto_arm_ratio                  gauge{batch, arm}: auto's measured tokens/s of each arm relative to the
+                                            arm it runs at that batch size ("1", "2", "3-4", "5-8", ...; the running
+                                            arm reads 1), from steps paired in time (`scheduler.ModePicker.estimates`)
     specdec_inter_token_seconds             histogram{speculating}: time between a request's rounds
     specdec_time_to_first_token_seconds     histogram: submit to first committed token
     specdec_requests_total                  counter{finish}: finished requests by finish reason
@@ -24,6 +27,8 @@ Each app owns its registry (served at /metrics). Names, documented in README.md'
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from specdec.serving.scheduler import ARMS
 
 LATENCY = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
@@ -54,6 +59,8 @@ class Metrics:
                            buckets=(0, 1, 2, 3, 4, 6, 8, 16))
         self.arms = Counter("specdec_auto_arm_steps", "Auto's steps by arm (model, never, always)", ("arm",),
                             registry=r)
+        self.arm_ratio = Gauge("specdec_auto_arm_ratio", "Auto's measured tokens/s of an arm relative to the arm "
+                               "it runs at that batch size (paired steps)", ("batch", "arm"), registry=r)
         self.itl = Histogram("specdec_inter_token_seconds", "Time between a request's rounds", ("speculating",),
                              registry=r, buckets=LATENCY)
         self.ttft = Histogram("specdec_time_to_first_token_seconds", "Submit to first committed token", registry=r,
@@ -78,6 +85,18 @@ class Metrics:
 
     def arm(self, arm: str) -> None:
         self.arms.labels(arm).inc()
+
+    def arm_ratios(self, batch: str, current: str, ratios: dict[str, tuple[float, int]]) -> None:
+        """One batch bucket's estimates (`ModePicker.estimates`): the running arm at 1, arms not yet measured
+        left out."""
+        for arm in ARMS:
+            if arm == current or arm in ratios:
+                self.arm_ratio.labels(batch, arm).set(1.0 if arm == current else ratios[arm][0])
+            else:
+                try:
+                    self.arm_ratio.remove(batch, arm)
+                except KeyError:
+                    pass
 
     def acceptance(self, drafter: str, priority: str, drafted: int, accepted: int) -> None:
         self.drafted.labels(drafter, priority).inc(drafted)

@@ -160,11 +160,18 @@ class ModePicker:
         self.never_above: int | None = None  # buckets larger than this start on never (a proof at this one)
         self.every: dict[int, int] = {}     # bucket -> one step in this many explores (explore .. 8 * explore)
         self.unproven: dict[int, int] = {}  # bucket -> samples taken since its last switch or slowdown
+        self.settled: dict[tuple[int, str], tuple[float, int]] = {}  # (bucket, arm) -> its last full window's estimate
 
     @staticmethod
     def bucket(batch: int) -> int:
         """Batch sizes share measurements in powers of two: 1, 2, 3-4, 5-8, 9-16, ... (the bucket's top)."""
         return 1 << max(batch - 1, 0).bit_length()
+
+    @classmethod
+    def span(cls, batch: int) -> str:
+        """The batch sizes sharing `batch`'s bucket, as a label: "1", "2", "3-4", "5-8", "9-16", ..."""
+        b = cls.bucket(batch)
+        return str(b) if b <= 2 else f"{b // 2 + 1}-{b}"
 
     def choose(self, batch: int) -> str:
         """The arm for a step over `batch` decoding requests: the bucket's current arm, or one step in
@@ -215,7 +222,30 @@ class ModePicker:
             self.unproven[b] = 0
             self.every[b] = min(2 * self.every.get(b, self.explore), 8 * self.explore)
             for a in ARMS:  # fresh samples from here: old ones, further apart in time, would outweigh a change
-                self.samples.pop((b, a), None)
+                if (b, a) in self.samples:
+                    self.settled[b, a] = self._estimate(self.samples.pop((b, a)))
+
+    def estimates(self, batch: int) -> tuple[str, dict[str, tuple[float, int]]]:
+        """What auto has measured at `batch`'s bucket: its current arm, and each other arm's tokens per second
+        relative to it, with the samples behind the figure: ("model", {"never": (0.97, 40), ...}). An arm's
+        figure is its running window's once that holds `least` samples, else the last full window's (kept
+        when a settled bucket starts fresh samples); an arm with neither is left out. Example: at B = 16 on
+        SmolLM2 q4, current "never" with always at 0.85: speculating every ask costs 15% of the throughput there.
+        This is the server's own answer to where speculation stops paying, from steps paired in time."""
+        b = self.bucket(batch)
+        current = self.current.get(b, self._start(b))
+        out = {}
+        for a in ARMS:
+            window = self.samples.get((b, a), ())
+            if len(window) >= self.least:
+                out[a] = self._estimate(window)
+            elif (b, a) in self.settled:
+                out[a] = self.settled[b, a]
+        return current, out
+
+    @staticmethod
+    def _estimate(window) -> tuple[float, int]:
+        return math.exp(sum(window) / len(window)), len(window)
 
     def _start(self, b: int) -> str:
         return "never" if self.never_above is not None and b > self.never_above else "model"
@@ -228,3 +258,4 @@ class ModePicker:
         self.unproven.pop(b, None)
         for a in ARMS:
             self.samples.pop((b, a), None)
+            self.settled.pop((b, a), None)
