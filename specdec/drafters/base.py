@@ -94,6 +94,8 @@ class Drafter:
     deterministic = True          # q is None: rejection sampling uses q one-hot on the drafted token
     wants_hidden = False          # True: the loop asks the target for its last hidden state (Context.hidden)
     wants_hidden_layers: tuple[int, ...] = ()  # target layers whose outputs the loop hands over (Context.features)
+    cheap = False                 # True: proposing is a lookup, no model runs and nothing is left to undo, so
+    #                               a server drafts before it grants and prices the draft it has (`Engine`)
 
     def propose(self, ctx: Context, k: int) -> Draft:
         raise NotImplementedError

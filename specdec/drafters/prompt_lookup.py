@@ -36,6 +36,7 @@ def lookup_match(tokens: list[int], k: int, max_n: int = 4, min_n: int = 1) -> t
 
 class PromptLookup(Drafter):
     name = "prompt-lookup"
+    cheap = True  # a search of the context (`Drafter.cheap`)
 
     def __init__(self, max_n: int = 4, min_n: int = 1):
         if not 1 <= min_n <= max_n:

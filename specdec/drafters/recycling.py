@@ -46,6 +46,7 @@ class Recycling(Drafter):
     """Draft a tree from the target's own recent top candidates (and prompt lookup's chain)."""
 
     name = "recycling"
+    cheap = True  # a table lookup (`Drafter.cheap`)
     tau_prior = 0.01  # dictionary lookups and a top-k over the verified rows: far below a target step
 
     def __init__(self, nodes: int = 3, paths: Sequence[tuple[int, ...]] = PATHS, lookup_chain: bool = True,
