@@ -519,6 +519,20 @@ def test_the_steps_overhead_makes_a_draft_relatively_cheaper():
     assert grant(ask, 4, cost=cost, overhead=1.0) == {"a": 1}
 
 
+def test_a_chain_that_does_not_pay_gets_the_longest_prefix_that_does():
+    """The docstring's example: two SmolLM2 q4 requests, alpha 0.3. k = 2 adds 0.39 tokens for 0.24 of a step,
+    k = 1 adds 0.3 for 0.09: the chain gets k = 1 where all-or-none gave it nothing. A tree, a fixed k (no
+    `shorter`) and the budget line are as before; a prefix is granted only where it pays."""
+    cost = CostCurve({1: 1.0, 2: 0.99, 3: 1.08, 4: 1.23, 8: 1.5})
+    e = (1.0, 1.3, 1.39)
+    assert grant([Ask("a", 2, tokens=e[2])], 2, cost=cost) == {"a": 0}  # all or none: nothing
+    assert grant([Ask("a", 2, tokens=e[2], shorter=e)], 2, cost=cost) == {"a": 1}
+    assert grant([Ask("a", 2, tokens=e[2], positions=3)], 2, cost=cost) == {"a": 0}  # a tree: whole or not
+    assert grant([Ask("a", 2, tokens=1.05, shorter=(1.0, 1.04, 1.05))], 2, cost=cost) == {"a": 0}  # none pays
+    rich = (1.0, 1.9, 2.7)
+    assert grant([Ask("a", 2, tokens=2.7, shorter=rich)], 2, cost=cost) == {"a": 2}  # the whole chain pays
+
+
 def test_mode_picker_follows_a_proven_faster_arm_only():
     """The model's grants run first; one step in `explore` tries the others in turn against the current arm's
     recent rate. An arm proven faster (by more than the margin, two standard errors to spare) takes over; a

@@ -331,10 +331,12 @@ class Engine:
             if k > 0 and slot.drafter.cheap:
                 draft = drafted[slot.job.id] = slot.drafter.propose(slot.ctx, k)
                 k, positions = draft.depth, len(draft)
-            if k > 0:  # a fixed k has no estimate: counted as all accepted, free to draft
-                tokens = slot.policy.expected_tokens()[k] if hasattr(slot.policy, "expected_tokens") else k + 1.0
-                asks.append(scheduler.Ask(slot.job.id, k, slot.job.priority, tokens, getattr(slot.policy, "tau", 0.0),
-                                          positions, getattr(slot.policy, "probing", False)))
+            if k > 0:  # a fixed k has no estimate: counted as all accepted, free to draft, all or none
+                expected = slot.policy.expected_tokens()[:k + 1] if hasattr(slot.policy, "expected_tokens") else ()
+                chain = positions == k and getattr(slot.policy, "nodes", None) is None
+                asks.append(scheduler.Ask(slot.job.id, k, slot.job.priority, expected[k] if expected else k + 1.0,
+                                          getattr(slot.policy, "tau", 0.0), positions,
+                                          getattr(slot.policy, "probing", False), tuple(expected) if chain else ()))
         grants = scheduler.grant(asks, len(decoding), prefill, mode, self.budget, self.curve, self.overhead)
         for a in asks:
             self.metrics.granted(a.priority, grants[a.name])

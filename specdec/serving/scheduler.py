@@ -3,8 +3,9 @@ request a draft length k so that speculation spends only the idle compute the ba
 
 Each request asks for the k its own adaptive-k estimator chooses from its measured acceptance alpha and
 draft cost tau. Requests are served in priority order, interactive before batch, and within a class the
-larger marginal gain per verified position first: (E[tokens](k) - 1) / (k + 1). Each gets its full k or
-k = 0 for this step, never a little to all. What "fits" depends on what is known about the step's cost:
+larger marginal gain per verified position first: (E[tokens](k) - 1) / (k + 1). Each gets its k, or for a
+chain the longest k' <= k that still fits or pays, or k = 0 for this step: never a little to all. What "fits"
+depends on what is known about the step's cost:
 
 - **A budget line** (a number: the lesson's 156, or `--budget N`). A step over B requests already fills
   B positions; a speculating request spends k + 1 units of the headroom budget - B, the lesson's
@@ -18,6 +19,9 @@ k = 0 for this step, never a little to all. What "fits" depends on what is known
   tokens it adds per time it adds beat the step's own tokens per time by `hurdle` (20%):
       tokens = sum of E_i(k_i) over the decoding requests (1 for a plain step)
       time   = cost(B + prefill + sum k_i) + sum k_i * tau_i + overhead   (in one-position steps)
+  A chain whose k does not pay is granted the longest k' < k that does (`Ask.shorter`, E at each k'): at two
+  SmolLM2 requests (curve 0.99, 1.08, 1.23 at 2, 3, 4 positions) alpha 0.3 pays at k = 1 (0.3 more tokens
+  for 0.09 more time) and not at k = 2 (0.39 for 0.24). A tree, or a fixed k, is granted whole or not at all.
   The hurdle is for the estimates: E_i comes from a request's measured alphas, and a grant that pays only
   just by the estimate loses as often as it wins. At 8 and 16 SmolLM2 requests the grants without it made
   5-7% fewer tokens per second than plain steps in every paired run (session 11, BENCHMARKS.md).
@@ -73,6 +77,8 @@ class Ask:
     tau: float = 0.0            # its draft cost per token, in one-position steps
     positions: int | None = None  # draft positions it verifies at that k: a tree's nodes (None: k, a chain)
     probe: bool = False         # its estimate is stale after refusals (`AdaptiveK.refused`): granted on a curve
+    shorter: tuple[float, ...] = ()  # a chain's E[tokens] at k' = 0 .. k: on a curve it may be granted a
+    #                                  shorter k' (the longest that pays); () for a tree or a fixed k: all or none
 
     @property
     def width(self) -> int:
@@ -124,10 +130,13 @@ def grant(asks: list[Ask], batch: int, prefill: int = 0, mode: str = "auto", bud
     granted = {a.name: 0 for a in asks}
     for a in order:
         time = cost(positions) + drafting
-        more = cost(positions + a.width) - cost(positions) + a.width * a.tau  # the time this ask adds
-        if a.k > 0 and (a.probe or (a.tokens - 1) * time > (1 + hurdle) * tokens * more):
-            granted[a.name] = a.k
-            positions, tokens, drafting = positions + a.width, tokens + a.tokens - 1, drafting + a.width * a.tau
+        for k in range(a.k, 0, -1) if a.shorter else ([a.k] if a.k > 0 else []):  # the longest that pays
+            width, gets = (k, a.shorter[k]) if a.shorter else (a.width, a.tokens)
+            more = cost(positions + width) - cost(positions) + width * a.tau  # the time this ask adds
+            if a.probe or (gets - 1) * time > (1 + hurdle) * tokens * more:
+                granted[a.name] = k
+                positions, tokens, drafting = positions + width, tokens + gets - 1, drafting + width * a.tau
+                break
     return granted
 
 
