@@ -1,37 +1,76 @@
-"""In-process engines (no HTTP), one per mode, kept at C requests in flight; modes alternate in rounds
-(session 16). Run from the repository root: PYTHONPATH=. .venv/bin/python benchmarks/s16/engine_ab.py MODEL C ROUNDS N
-usage: engine_ab.py MODEL C rounds requests_per_round [modes]"""
-import sys, time, statistics
+"""In-process engines (no HTTP), one per variant, each kept at C requests in flight, the variants alternating in
+rounds so the machine's phases hit them alike (session 16). Run from the repository root:
+
+    PYTHONPATH=. .venv/bin/python benchmarks/s16/engine_ab.py MODEL C ROUNDS N [VARIANTS]
+
+VARIANTS (default auto,always,never): a server mode, or the model's grants alone (no arm picker): "model",
+"model-after" (prompt lookup drafting after the grant, as before session 16), "model-whole" (a chain granted
+all or none, as before session 16). Prints each round's tokens/s, then medians and the paired ratios."""
+import dataclasses
+import statistics
+import sys
+import time
+
 from specdec.api import LLM
-from specdec.serving.engine import Engine, Job
-from specdec.decode import Request
 from specdec.bench.prompts import load_prompts
+from specdec.decode import Request
+from specdec.drafters.prompt_lookup import PromptLookup
+from specdec.serving import scheduler
+from specdec.serving.engine import Engine, Job
+
+
+class DraftsAfterTheGrant(PromptLookup):
+    cheap = False
+
+
 name, C, rounds, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-modes = sys.argv[5].split(",") if len(sys.argv) > 5 else ["auto", "always", "never"]
+variants = sys.argv[5].split(",") if len(sys.argv) > 5 else ["auto", "always", "never"]
 llm = LLM(name, dtype="q4")
-prompts = [p.turns[0] for p in load_prompts("spec-bench")]
-ids = [llm.tokenizer.encode(p, chat=True) for p in prompts]
-engines = {m: Engine(llm.model, llm.tokenizer, cost=llm.cost_curve(), speculation=m, max_batch=C) for m in modes}
-nxt = {m: 0 for m in modes}
-def run(m, n):
-    eng = engines[m]; done = [0]; toks = [0]
-    def ev(e):
-        toks[0] += len(e.tokens)
-        if e.finish_reason: done[0] += 1
-    sub = 0; t = time.perf_counter()
+ids = [llm.tokenizer.encode(p.turns[0], chat=True) for p in load_prompts("spec-bench")]
+running = [""]
+real = scheduler.grant
+scheduler.grant = lambda asks, *a, **kw: real(
+    [dataclasses.replace(x, shorter=()) for x in asks] if running[0] == "model-whole" else asks, *a, **kw)
+
+
+def engine(v: str) -> Engine:
+    e = Engine(llm.model, llm.tokenizer, cost=llm.cost_curve(), speculation=v.split("-")[0].replace("model", "auto"),
+               max_batch=C, drafters={"prompt-lookup": DraftsAfterTheGrant} if v == "model-after" else None)
+    if v.startswith("model"):
+        e.picker = None
+    return e
+
+
+engines = {v: engine(v) for v in variants}
+submitted = dict.fromkeys(variants, 0)
+
+
+def run(v: str, n: int) -> float:
+    running[0], eng, done, tokens = v, engines[v], [0], [0]
+
+    def on_event(e):
+        tokens[0] += len(e.tokens)
+        done[0] += e.finish_reason is not None
+
+    sent, t = 0, time.perf_counter()
     while done[0] < n:
-        while sub < n and sub - done[0] < C:
-            eng.submit(Job(ids[nxt[m] % len(ids)], Request(max_new_tokens=64), method="prompt-lookup", on_event=ev))
-            nxt[m] += 1; sub += 1
+        while sent < n and sent - done[0] < C:
+            eng.submit(Job(ids[submitted[v] % len(ids)], Request(max_new_tokens=64), method="prompt-lookup",
+                           on_event=on_event))
+            submitted[v] += 1
+            sent += 1
         eng.step()
-    return toks[0] / (time.perf_counter() - t)
-rates = {m: [] for m in modes}
+    return tokens[0] / (time.perf_counter() - t)
+
+
+rates = {v: [] for v in variants}
 for r in range(rounds):
-    order = modes[r % len(modes):] + modes[:r % len(modes)]
-    for m in order:
-        rates[m].append(run(m, per))
-    print(r, {m: round(rates[m][-1], 1) for m in modes}, flush=True)
-for m in modes:
-    print(m, "median", round(statistics.median(rates[m]), 1), {o: round(statistics.median(a / b for a, b in zip(rates[m], rates[o])), 3) for o in modes if o != m})
-if "auto" in engines and engines["auto"].picker:
-    p = engines["auto"].picker; print("picker current", p.current, "steps", p.steps)
+    for v in variants[r % len(variants):] + variants[:r % len(variants)]:
+        rates[v].append(run(v, per))
+    print(r, {v: round(rates[v][-1], 1) for v in variants}, flush=True)
+for v in variants:
+    print(v, "median", round(statistics.median(rates[v]), 1),
+          {o: round(statistics.median(a / b for a, b in zip(rates[v], rates[o])), 3) for o in variants if o != v})
+    if engines[v].picker:
+        print("  picker", engines[v].picker.current)
+    print("  drafted, accepted", engines[v].metrics.totals)

@@ -17,7 +17,7 @@ PYTHONPATH=. .venv/bin/python benchmarks/s16/engine_ab.py smollm2-135m 8 6 24
 PYTHONPATH=. .venv/bin/python benchmarks/s16/calib.py 8 48 old
 PYTHONPATH=. .venv/bin/python benchmarks/s16/calib.py 1 16 old
 PYTHONPATH=. .venv/bin/python benchmarks/s16/calib.py 8 48
-PYTHONPATH=. .venv/bin/python benchmarks/s16/engine_ab2.py 8 8 24
+PYTHONPATH=. .venv/bin/python benchmarks/s16/engine_ab.py smollm2-135m 8 8 24 model,model-after,never
 # drafting before the grant (commit "serve: a cheap drafter ...")
 .venv/bin/specdec loadtest --serve auto,always,never --model smollm2-135m --concurrency 1,2,4,8,16 --repeat 6 \
     --max-tokens 64 --prompts spec-bench --out benchmarks/s16/serve-smollm2-draftfirst
@@ -25,4 +25,4 @@ PYTHONPATH=. .venv/bin/python benchmarks/s16/engine_ab2.py 8 8 24
 .venv/bin/specdec loadtest --serve auto,always,never --model smollm2-135m --concurrency 1,2,4,8,16 --repeat 6 \
     --max-tokens 64 --prompts spec-bench --out benchmarks/s16/serve-smollm2-final
 # a chain's longest paying prefix against all or none, in process (run after the final loadtest)
-PYTHONPATH=. .venv/bin/python benchmarks/s16/engine_ab3.py 2 8 12
+PYTHONPATH=. .venv/bin/python benchmarks/s16/engine_ab.py smollm2-135m 2 8 12 model,model-whole,never

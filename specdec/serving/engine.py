@@ -262,7 +262,7 @@ class Engine:
                 draft = Draft.empty()
             elif draft is None:
                 draft = slot.drafter.propose(slot.ctx, k)
-            elif draft.depth > k:  # a chain shortened to fit a budget line (a tree is granted whole or not)
+            elif draft.depth > k:  # a chain cut to the prefix that fits or pays (a tree is granted whole or not)
                 draft = Draft.chain(draft.tokens[:k], None if draft.q is None else draft.q[:k])
             if draft.depth > k:
                 raise RuntimeError(f"{slot.drafter.name} proposed a draft {draft.depth} tokens deep for k = {k}")

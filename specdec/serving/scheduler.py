@@ -238,9 +238,10 @@ class ModePicker:
         """What auto has measured at `batch`'s bucket: its current arm, and each other arm's tokens per second
         relative to it, with the samples behind the figure: ("model", {"never": (0.97, 40), ...}). An arm's
         figure is its running window's once that holds `least` samples, else the last full window's (kept
-        when a settled bucket starts fresh samples); an arm with neither is left out. Example: at B = 16 on
-        SmolLM2 q4, current "never" with always at 0.85: speculating every ask costs 15% of the throughput there.
-        This is the server's own answer to where speculation stops paying, from steps paired in time."""
+        when a settled bucket starts fresh samples); an arm with neither is left out. Example (SmolLM2 q4 on a
+        Zen 4, 5-8 requests, BENCHMARKS.md session 16): ("never", {"model": (0.98, 64), "always": (0.90, 64)}):
+        speculating every ask costs 10% of the throughput there. The server's own answer to where speculation
+        stops paying, from steps paired in time."""
         b = self.bucket(batch)
         current = self.current.get(b, self._start(b))
         out = {}
