@@ -26,3 +26,6 @@ PYTHONPATH=. .venv/bin/python benchmarks/s16/engine_ab.py smollm2-135m 8 8 24 mo
     --max-tokens 64 --prompts spec-bench --out benchmarks/s16/serve-smollm2-final
 # a chain's longest paying prefix against all or none, in process (run after the final loadtest)
 PYTHONPATH=. .venv/bin/python benchmarks/s16/engine_ab.py smollm2-135m 2 8 12 model,model-whole,never
+# the 1.5B with the final code
+.venv/bin/specdec loadtest --serve auto,always,never --model qwen2.5-coder-1.5b --dtype q4 --concurrency 1,2,4 \
+    --repeat 2 --max-tokens 32 --timeout 900 --out benchmarks/s16/serve-qwen1.5b-final

@@ -166,8 +166,8 @@ def markdown(levels: list[dict], title: str) -> str:
         arms = "/".join(f"{100 * n / sum(arm_steps):.0f}" for n in arm_steps) + "%" if sum(arm_steps) else "–"
         own = lv.get("ratios", {})
         runs_on = next((a for a, r in own.items() if r == 1.0), None)
-        measured = (f"runs {runs_on}; " + ", ".join(f"{a} {r:.2f}×" for a, r in own.items() if a != runs_on)
-                    if runs_on else "–")
+        others = ", ".join(f"{a} {r:.2f}×" for a, r in own.items() if a != runs_on)
+        measured = f"runs {runs_on}" + (f"; {others}" if others else "") if runs_on else "–"
         rows.append(f"| {lv.get('mode', '-')} | {lv['concurrency']} | {lv['completed']}/{lv['requests']} | "
                     f"{lv['errors']} | {lv['throughput']:.2f} | {ms(lv['ttft_p50'])} | {ms(lv['itl_p50'])} | "
                     f"{ms(lv['itl_p99'])} | {versus} | {tails} | {sv['drafted'] / steps:.2f} | {alpha} | "
