@@ -29,3 +29,8 @@ PYTHONPATH=. .venv/bin/python benchmarks/s16/engine_ab.py smollm2-135m 2 8 12 mo
 # the 1.5B with the final code
 .venv/bin/specdec loadtest --serve auto,always,never --model qwen2.5-coder-1.5b --dtype q4 --concurrency 1,2,4 \
     --repeat 2 --max-tokens 32 --timeout 900 --out benchmarks/s16/serve-qwen1.5b-final
+# #16 lead: SmolLM2 bf16, where a 16-position forward's time goes (matmuls alone, then the whole forward under perf)
+.venv/bin/python benchmarks/kernel/kernel_ab.py specdec/runtime/kernels/skinny.c specdec/runtime/kernels/skinny.c \
+    --model smollm2-135m --n 1,16
+PYTHONPATH=. .venv/bin/python benchmarks/s16/fwd_smollm2_bf16.py
+for n in 1 16; do PYTHONPATH=. perf record -q -g -o /tmp/perf$n.data .venv/bin/python benchmarks/s16/fwd_smollm2_bf16.py $n; done
