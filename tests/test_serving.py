@@ -156,6 +156,7 @@ def test_engine_greedy_equals_single_request_decode(tiny, mode, budget):
     if mode == "auto" and budget is None:  # measured arms: whatever auto ran, the outputs above are exact
         assert sum(engine.picker.steps.values()) > 0
         assert 'specdec_auto_arm_steps_total{arm="model"}' in engine.metrics.render().decode()
+        assert 'specdec_auto_arm_ratio{arm="model",batch=' in engine.metrics.render().decode()  # explored: 1.0
     else:
         assert engine.picker is None
 

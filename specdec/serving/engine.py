@@ -284,8 +284,10 @@ class Engine:
         self.running = [s for s in self.running if s.stopper.finish_reason is None]
         positions, seconds = sum(len(s) for s in segments), time.perf_counter() - t0
         if self.picker is not None and decoding and not prefills:  # a step that also prefilled is not the arm's
+            explored = self.arm != self.picker.current[self.picker.bucket(len(decoding))]
             self.picker.record(len(decoding), self.arm, committed, seconds)
-            self.metrics.arm_ratios(self.picker.span(len(decoding)), *self.picker.estimates(len(decoding)))
+            if explored:  # only an exploring step's sample (and what it proves) moves the estimates
+                self.metrics.arm_ratios(self.picker.span(len(decoding)), *self.picker.estimates(len(decoding)))
         if tv > td:  # the step beyond its forward, in units of one-position forwards (cost(positions) = tv - td)
             extra = (seconds - (tv - td)) / (tv - td) * self.curve(positions)
             self.overhead += OVERHEAD_WEIGHT * (extra - self.overhead)
