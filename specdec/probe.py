@@ -261,29 +261,16 @@ def other_paths(model: Transformer) -> list[str]:
 
 def probe_paths(model: Transformer, folder, name: str = "", repeats: int = 5, progress=None) -> dict[str, dict]:
     """The curve (seconds per n, budget, prefill tokens/s) on every other matmul path this CPU has for a bf16
-    model: the kernel's other ISA on the same weights (switched in place, then back), torch on a copy loaded
-    in plain bf16. {} for other dtypes. Example on a Zen 5: a model on "avx512bf16" gets "avx2" and "torch"."""
-    from specdec.runtime.loader import load_transformer, matmul_path
-    from specdec.runtime.model import Linear
+    model, each on a copy loaded for that path (`SPECDEC_MATMUL`: a path may lay the weights out its own
+    way). {} for other dtypes. Example on a Zen 5: a model on "avx512bf16" gets "avx2" and "torch"."""
+    from specdec.runtime.loader import load_transformer
 
-    mine, curves = matmul_path(model), {}
+    curves = {}
     for path in other_paths(model):
-        if path == "torch":
-            with mock.patch.dict(os.environ, SPECDEC_MATMUL="torch"):
-                other = load_transformer(folder, torch.bfloat16)
-            r = probe(other, name, repeats=repeats, progress=progress)
-            del other
-        else:
-            linears = [m for m in model.modules() if isinstance(m, Linear)]
-            for m in linears:
-                m.path = path
-            model.__dict__.pop("fused_layers", None)  # the fused layers take the path from the Linears anew
-            try:
-                r = probe(model, name, repeats=repeats, progress=progress)
-            finally:
-                for m in linears:
-                    m.path = mine
-                model.__dict__.pop("fused_layers", None)
+        with mock.patch.dict(os.environ, SPECDEC_MATMUL=path):
+            other = load_transformer(folder, torch.bfloat16)
+        r = probe(other, name, repeats=repeats, progress=progress)
+        del other
         curves[path] = dict(seconds=r.seconds, relative=r.relative, budget=r.budget,
                             prefill_tokens_per_s=r.prefill_tokens_per_s, load=r.load)
     return curves

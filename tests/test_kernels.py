@@ -147,6 +147,35 @@ def test_a_model_keeps_the_path_it_was_loaded_with(monkeypatch, tiny_folder, pat
     assert matmul_path(torch_model) == "torch" and not torch_model.row_exact
 
 
+def test_packed_layout_round_trip_and_same_bits(path):
+    """The AVX512-BF16 path's layout (`pack_bf16`): element [g, p, j, t] is W[16 g + j, 2 p + t], zero-padded to
+    whole groups and pairs; unpacking gives W back; a packed weight and its [out, in] matrix give the same bits
+    on every path (each converts to the layout its path takes)."""
+    w = torch.randn(37, 45).to(torch.bfloat16)
+    packed = kernels.pack_bf16(w)
+    assert packed.shape == (3, 23, 16, 2) and packed[1, 4, 3, 1] == w[19, 9]
+    assert packed[2, :, 5:].eq(0).all() and packed[:, 22, :, 1].eq(0).all()  # padding: outputs 37.., input 45
+    assert torch.equal(kernels.unpack_bf16(packed, 37, 45), w)
+    x, b = torch.randn(6, 45), torch.randn(37)
+    assert torch.equal(kernels.linear_bf16(x, packed, b, path=path, out_features=37), kernels.linear_bf16(x, w, b, path=path))
+    with pytest.raises(ValueError):
+        kernels.linear_bf16(torch.randn(2, 47), packed, path=path)
+
+
+def test_a_model_on_the_avx512_path_holds_its_weights_packed_once(tmp_path, monkeypatch):
+    """Loaded for "avx512bf16", each projection's weight is the packed layout in place of the matrix (4-D, so
+    nothing reads it as [out, in]); a tied LM head packs a copy and leaves the table the embedding reads."""
+    if kernels.unavailable("avx512bf16"):
+        pytest.skip(f"avx512bf16: {kernels.unavailable('avx512bf16')}")
+    monkeypatch.setenv("SPECDEC_MATMUL", "avx512bf16")
+    for arch, tied in (("llama", False), ("qwen2", True)):
+        model = load_transformer(save_tiny(arch, tmp_path / arch), torch.bfloat16)
+        block = model.layers[0]
+        assert block.qkv.weight.dim() == 4 and block.qkv.kernel_weight is block.qkv.weight
+        assert (model.lm_head.weight is model.embed.weight) == tied
+        assert model.lm_head.weight.dim() == (2 if tied else 4) and model.lm_head.kernel_weight.dim() == 4
+
+
 @needs_kernel
 def test_leading_dims_and_noncontiguous_input():
     x, w, b = case(40, 24, 6)

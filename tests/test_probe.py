@@ -102,20 +102,22 @@ def test_probe_records_the_load_and_retries_an_implausible_curve(tiny_folder, mo
     assert measurement_path("probe", "m", "float32").parent.exists() is False  # probing does not save
 
 
-def test_probe_paths_runs_the_fused_layers_on_each_path(tmp_path, monkeypatch):
-    """Measuring the kernel's other ISA on the same weights switches the Linears' path; the fused layers follow
-    it during that probe and go back after (they once kept the model's own path: the avx2 column was avx512)."""
+def test_probe_paths_runs_each_path_on_a_copy_loaded_for_it(tmp_path, monkeypatch):
+    """Measuring the kernel's other ISA loads the model for that path (the AVX512-BF16 path lays the weights out
+    its own way), fused layers included (they once kept the model's own path: the avx2 column was avx512);
+    the model itself keeps its path."""
     from tests.tiny import save_tiny
 
     if kernels.unavailable("avx512bf16") or kernels.unavailable("avx2"):
         pytest.skip("needs both bf16 kernel paths")
     monkeypatch.setenv("SPECDEC_MATMUL", "avx512bf16")
-    model = load_transformer(save_tiny("qwen2", tmp_path), torch.bfloat16)
+    folder = save_tiny("qwen2", tmp_path)
+    model = load_transformer(folder, torch.bfloat16)
     assert model.fused_layers.isas[1] == kernels.PATHS["avx512bf16"][0]
     seen = []
     monkeypatch.setattr(probe_mod, "other_paths", lambda m: ["avx2"])
     monkeypatch.setattr(probe_mod, "probe", lambda m, *a, **k: seen.append(m.fused_layers.isas[1]) or result(GOOD))
-    assert list(probe_mod.probe_paths(model, tmp_path)) == ["avx2"]
+    assert list(probe_mod.probe_paths(model, folder)) == ["avx2"]
     assert seen == [kernels.PATHS["avx2"][0]] and model.fused_layers.isas[1] == kernels.PATHS["avx512bf16"][0]
 
 

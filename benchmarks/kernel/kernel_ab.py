@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.runtime.kernels import CFLAGS, PATHS, _declare
+from specdec.runtime.kernels import CFLAGS, PATHS, _declare, pack_bf16
 
 # (layers, {name: (out, in)}) per model; the LM head is one matrix after the layers
 MODELS = {
@@ -65,6 +65,9 @@ def main():
              for _ in range(layers) for name, (out, inn) in shapes.items() if name != "lm"]
     calls.append(("lm", (torch.randn(*shapes["lm"]) * 0.02).to(torch.bfloat16)))
     isas = [PATHS[args.path][0], PATHS[args.path_b or args.path][0]]
+    # a source whose AVX512-BF16 path takes kernels.pack_bf16's layout (session 17 on) gets its weights packed
+    packed = [isa == PATHS["avx512bf16"][0] and "pack_bf16" in Path(src).read_text() for isa, src in zip(isas, (args.a, args.b))]
+    weights = [[(name, pack_bf16(w) if p else w, *w.shape) for name, w in calls] for p in packed]
     with tempfile.TemporaryDirectory() as tmp:
         libs = [load(args.a, Path(tmp)), load(args.b, Path(tmp))]
         print(f"{args.model}, {layers} layers, {args.path}/{args.path_b or args.path}, {args.threads} threads; per shape: summed ms over "
@@ -78,8 +81,7 @@ def main():
             for rep in range(args.reps + 1):
                 for i, lib in enumerate(libs):
                     spent = dict.fromkeys(shapes, 0.0)
-                    for name, w in calls:
-                        out, inn = w.shape
+                    for name, w, out, inn in weights[i]:
                         t = time.perf_counter()
                         lib.skinny_bf16(isas[i], xs[inn].data_ptr(), w.data_ptr(), None, ys[out].data_ptr(), n, inn, out,
                                         args.threads)

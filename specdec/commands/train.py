@@ -159,7 +159,7 @@ def run_medusa(args) -> int:
     out = Path(args.out).expanduser() if args.out else heads.store_dir(args.model, "medusa")
     s = TrainSettings(heads=args.heads, epochs=args.epochs, batch=args.batch, lr=args.lr,
                       draft_vocab=args.draft_vocab, checkpoint_every=args.checkpoint_every)
-    tensors, report = train(cache, model.lm_head.weight.detach().float().cpu(), s, out, resume=args.resume,
+    tensors, report = train(cache, model.lm_head.matrix().float().cpu(), s, out, resume=args.resume,
                             progress=not args.quiet)
     config = {"kind": "medusa", "target": {"name": args.model, "fingerprint": fp},
               "data": {"sources": data, "tokens": len(cache), "documents": cache.meta["documents"],

@@ -312,7 +312,8 @@ class EagleHead(nn.Module):
         elif path != "torch":
             for m in self.modules():
                 if isinstance(m, Linear):
-                    m.weight.data, m.path = m.weight.data.to(torch.bfloat16), path
+                    m.weight.data = m.weight.data.to(torch.bfloat16)
+                    m.pack(path)
         return self
 
     def new_cache(self, max_len: int, batch: int = 1) -> KVCache:

@@ -197,7 +197,7 @@ def lm_head_rows(model, vocab: torch.Tensor) -> torch.Tensor:
 
     head = model.lm_head
     if not isinstance(head, QLinear):
-        return head.weight.detach()[vocab]
+        return head.matrix()[vocab]
     rows = torch.cat([quant.dequantize(p) for p in head.parts])[vocab]
     return rows.to(torch.bfloat16) if kernels.available() else rows.float()
 

@@ -195,8 +195,8 @@ def load_transformer(folder: str | Path, dtype: torch.dtype | str = torch.float3
     if mixed:
         model.embed.out_dtype = torch.float32
         for m in model.modules():
-            if isinstance(m, Linear):
-                m.path = path  # one path for every forward of this model: decoding and verification agree
+            if isinstance(m, Linear):  # one path for every forward of this model: decoding and verification agree
+                m.pack(path, keep=tied and m is model.lm_head)  # a tied head's table stays for the embedding
     return model.to(device).eval()
 
 

@@ -73,14 +73,39 @@ class Linear(nn.Linear):
     """nn.Linear computing W @ x^T in fp32: on CPUs without native bf16 this streams the weight matrix
     once for a few positions (a forward over 4 positions costs about one), where x @ W^T costs ~n times one.
     A bf16 weight with fp32 input runs the bf16 skinny-GEMM kernel on `path` ("amx", "avx512bf16" or "avx2", set by
-    the loader once per model: every forward, decoding and verification alike, takes the same path, so a
-    position's output is bit-identical for any n)."""
+    `pack` once per model: every forward, decoding and verification alike, takes the same path, so a
+    position's output is bit-identical for any n). On a path that takes its own weight layout
+    (`kernels.packs`: AVX512-BF16) the weight is repacked once (`packed`)."""
 
     path: str | None = None  # the kernel's path for bf16 weights (`kernels.matmul_path()` when loaded)
+    packed: torch.Tensor | None = None  # a packed copy of a weight the embedding shares (`pack(keep=True)`)
+
+    def pack(self, path: str, keep: bool = False) -> None:
+        """Run every forward on the kernel's `path`; on a path that `packs`, repack the bf16 weight once
+        (`kernels.pack_bf16`), in place of the [out, in] matrix (which then reads 4-D, so nothing mistakes it
+        for one), or beside it with `keep` (a table the embedding shares)."""
+        self.path = path
+        if kernels.packs(path) and self.weight.dtype == torch.bfloat16 and self.weight.dim() == 2:
+            if keep:
+                self.packed = kernels.pack_bf16(self.weight.detach())
+            else:
+                self.weight = nn.Parameter(kernels.pack_bf16(self.weight.detach()), requires_grad=False)
+
+    def matrix(self) -> torch.Tensor:
+        """The weight as [out, in] (unpacked, a copy, where `pack` replaced it)."""
+        w = self.weight.detach()
+        return kernels.unpack_bf16(w, self.out_features, self.in_features) if w.dim() == 4 else w
+
+    @property
+    def kernel_weight(self) -> torch.Tensor:
+        """The weight as the kernel takes it: packed ([out / 16, in / 2, 16, 2]) or [out, in]."""
+        return self.weight if self.packed is None else self.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight.dtype == torch.bfloat16 and x.dtype == torch.float32:
-            return kernels.linear_bf16(x, self.weight, self.bias, path=self.path)
+            if self.kernel_weight.dim() == 2 and kernels.packs(self.path or kernels.matmul_path()):
+                self.pack(self.path or kernels.matmul_path(), keep=True)  # one the loader did not pack (Medusa's rows)
+            return kernels.linear_bf16(x, self.kernel_weight, self.bias, path=self.path, out_features=self.out_features)
         if self.weight.dtype != torch.float32:
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(-1, x.shape[-1])
@@ -263,7 +288,7 @@ class FusedLayers:
         bias = None if proj.bias is None else proj.bias.detach().float().contiguous()
         if bias is not None:
             self.keep.append(bias)
-        return [[1, 0, proj.weight.data_ptr(), 0, 0, 0 if bias is None else bias.data_ptr(), proj.out_features]]
+        return [[1, 0, proj.kernel_weight.data_ptr(), 0, 0, 0 if bias is None else bias.data_ptr(), proj.out_features]]
 
     @classmethod
     def of(cls, model: "Transformer") -> "FusedLayers | None":
@@ -281,7 +306,8 @@ class FusedLayers:
                     if proj.use == "torch" or len(proj.calls) > cls.PARTS:
                         return None
                 elif not (isinstance(proj, Linear) and proj.weight.dtype == torch.bfloat16 and proj.path
-                          and proj.path != "torch" and proj.weight.is_contiguous()):
+                          and proj.path != "torch" and proj.weight.is_contiguous()
+                          and (proj.kernel_weight.dim() == 4 or not kernels.packs(proj.path))):
                     return None
         return cls(model)
 

@@ -272,7 +272,7 @@ def new_head(target, name: str, fingerprint: str, s: TrainSettings, aux_layers, 
     head = EagleHead(cfg)
     head.set_vocab(torch.from_numpy(vocab))
     with torch.no_grad():
-        head.lm_head.weight.copy_(target.lm_head.weight.detach().float().cpu()[torch.from_numpy(vocab)])
+        head.lm_head.weight.copy_(target.lm_head.matrix().float().cpu()[torch.from_numpy(vocab)])
         if s.version == 1:
             head.norm.weight.copy_(target.norm.weight.detach().float().cpu())
         d = cfg.hidden_size

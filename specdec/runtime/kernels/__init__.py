@@ -246,16 +246,52 @@ def reason() -> str:
     return _kernel.reason
 
 
-def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                threads: int | None = None, path: str | None = None) -> torch.Tensor:
-    """y = x @ weight^T + bias with x fp32 [..., in], weight bf16 [out, in], bias fp32 [out] or None, on `path`
-    (default `matmul_path()`). On "torch": weight widened to fp32 (same values, other sum order)."""
+def packs(path: str | None) -> bool:
+    """Whether the kernel's `path` takes its weights repacked (`pack_bf16`): "avx512bf16" does."""
+    return path == "avx512bf16"
+
+
+def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """A bf16 weight [out, in] in the AVX512-BF16 path's layout: [ceil(out / 16), ceil(in / 2), 16, 2], for each
+    group of 16 outputs and each pair of inputs (2p, 2p + 1) the 16 outputs' pairs side by side (zero-padded to
+    whole groups and pairs), so one 64-byte load feeds one `vdpbf16ps` whose lanes are 16 outputs (`skinny.c`).
+    Example: out = 32, in = 4 -> [2, 2, 16, 2]; element [g, p, j, t] is weight[16 g + j, 2 p + t]."""
     out_f, in_f = weight.shape
-    if x.shape[-1] != in_f:
-        raise ValueError(f"linear_bf16: x has {x.shape[-1]} features, weight expects {in_f}")
+    w = F.pad(weight, (0, in_f % 2, 0, -out_f % 16))
+    return w.view(w.shape[0] // 16, 16, w.shape[1] // 2, 2).transpose(1, 2).contiguous()
+
+
+def unpack_bf16(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """The [out, in] matrix of a `pack_bf16` layout (a copy)."""
+    g, p = packed.shape[:2]
+    return packed.transpose(1, 2).reshape(g * 16, p * 2)[:out_features, :in_features]
+
+
+def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                threads: int | None = None, path: str | None = None, out_features: int | None = None) -> torch.Tensor:
+    """y = x @ weight^T + bias with x fp32 [..., in], weight bf16 [out, in] or its `pack_bf16` form (then
+    `out_features` says how many of its rows are real; default all), bias fp32 [out] or None, on `path`
+    (default `matmul_path()`; a weight in the other layout than the path takes is converted for this call).
+    On "torch": weight widened to fp32 (same values, other sum order)."""
+    in_f = x.shape[-1]
+    if weight.dim() == 4:
+        out_f = out_features or weight.shape[0] * 16
+        if weight.shape[1] != (in_f + 1) // 2 or out_f > weight.shape[0] * 16:
+            raise ValueError(f"linear_bf16: x has {in_f} features, the packed weight {list(weight.shape)} "
+                             f"expects {2 * weight.shape[1] - 1}-{2 * weight.shape[1]}")
+    else:
+        out_f = weight.shape[0]
+        if weight.shape[1] != in_f:
+            raise ValueError(f"linear_bf16: x has {in_f} features, weight expects {weight.shape[1]}")
     path = path or matmul_path()
     if path == "torch" or x.dtype != torch.float32 or weight.dtype != torch.bfloat16 or _load() is None:
+        if weight.dim() == 4:
+            weight = unpack_bf16(weight, out_f, in_f)
         return F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    if weight.dim() == 4 and not packs(path):
+        weight = unpack_bf16(weight, out_f, in_f)
+    elif weight.dim() == 2 and packs(path):
+        weight = pack_bf16(weight)
     if not x.is_contiguous():
         x = x.contiguous()
     if not weight.is_contiguous():

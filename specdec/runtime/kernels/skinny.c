@@ -163,167 +163,30 @@ static void permute_x(const float *x, float *xp, int64_t n, int64_t in) {
     }
 }
 
-/* ---- AVX512-BF16: vdpbf16ps on bf16 x and bf16 W as stored ---------------------------------------
- * x is rounded to bf16 per element (round to nearest even, `vcvtneps2bf16`: a row's bf16 values depend
- * only on that row). W needs no reordering: a 64-byte load of one weight row holds 32 consecutive
- * inputs, and `vdpbf16ps` adds lane j's two products (inputs 2j, 2j + 1) to lane j of an fp32
- * accumulator. A register tile covers O outputs x R rows (R <= ROWS512 = 4 rows per pass; O = 12, 12,
- * 8, 6 for R = 1, 2, 3, 4: up to 24 accumulators, enough to hide the instruction's latency). Each tile
- * of O weight rows is streamed from memory once per CHUNK512 rows of x: for n > 1 the passes over a
- * tile (ceil(m / 4) of them for m rows) share the prefetching of the next tile, pass p of P taking
- * rows [O p / P, O (p + 1) / P) of it, each row a line per 32 inputs in step with the loads; later
- * passes find the tile in cache. For n = 1 the hardware prefetcher alone was faster. 2-core Zen 5,
- * 17920 x 1536, one thread, median of 18, interleaved, machine shared: prefetching always / never /
- * for n > 1 only: n = 1 1.46 / 1.35 / 1.33 ms, n = 4 1.70 / 1.99 / 1.64, n = 16 3.42 / 4.03 / 3.43
- * (O = 24 at n = 1 took 2.45). Prefetching the whole next tile in the first pass, as before, left the
- * later passes computing without any load in flight; sharing it out (with the two changes below) cut a
- * forward's matmul time at n = 16 by 18% (SmolLM2-135M) and 9% (Qwen2.5-Coder-1.5B), n = 8 by 14% / 3%,
- * n = 64 by 10% / 6%, n = 1 unchanged or a few % faster (benchmarks/kernel/kernel_ab.py, 2 threads,
- * medians of interleaved sweeps, shared machine; BENCHMARKS.md). No software prefetching for a tile
- * larger than PF_MAX_TILE (the 1.5B's down projection, 6 x 8960 inputs): 6-9% faster there. Sharing
- * out lines in address order instead (a row at a time) was slower on the 1.5B than before; into L2
- * (_MM_HINT_T1) or two tiles ahead, no better; blocks of 512 inputs with the sums kept between them,
- * 30% slower. A tile's sums are reduced 8 at a time (hsum16x8, the same tree as hsum16, so the same
- * bits: at in = 576 the 24 one-at-a-time reductions were about as many instructions as the tile's
- * vdpbf16ps). Order per y[i, o], whatever n, row, tile or thread:
- *   acc (16 lanes) = 0;
- *   for each block of 32 inputs k .. k+31, in order (the last one zero-padded by masked loads):
- *     acc = vdpbf16ps(acc, w[k .. k+31], bf16(x[k .. k+31]));
- *   s = hsum16(acc) in a fixed tree (lanes j + j+8, then + j+4, + j+2, + j+1); y = s + bias (if any). */
+/* ---- AVX512-BF16: vdpbf16ps on bf16 x and W in pairs, one output per lane ---------------------------
+ * W is repacked once, when the model loads (kernels.pack_bf16): [out / 16][in / 2][16][2],
+ * so one 64-byte load holds, for 16 consecutive outputs, one pair of inputs (2p, 2p + 1) each. x is rounded to
+ * bf16 per element (round to nearest even, `vcvtneps2bf16`: a row's bf16 values depend only on that row) and
+ * laid out per chunk of up to 16 rows as [pair p][row] 32-bit words, so a pass's rows for one pair sit side
+ * by side. `vdpbf16ps(acc, w, broadcast(x pair))` then adds output lane j's two products to lane j's
+ * accumulator: every lane is one y[i, o], and no horizontal sums are needed (the previous layout, one weight
+ * row per 64-byte load, summed 16 lanes per output at the end of every tile: at in = 576 that epilogue cost a
+ * third of the tile's time). A register tile covers 3 groups of 16 outputs x up to 8 rows (24 accumulators,
+ * 3 weight registers, 1 broadcast); a chunk's rows go through in passes of 8, later passes finding the
+ * tile's weights in cache. Units of 6 groups are handed out to the threads.
+ * Measured on a 2-core Zen 4 (family 25 model 17), 2 threads, weights from memory, against the previous
+ * layout (benchmarks/kernel/kernel_ab.py, SmolLM2-135M's shapes): see BENCHMARKS.md, session 17.
+ * Order per y[i, o], whatever n, row, tile, pass or thread:
+ *   acc = 0;
+ *   for each pair of inputs p = 0, 1, .., ceil(in / 2) - 1, in order (an odd in's last pair zero-padded):
+ *     acc = vdpbf16ps(acc, (w[o][2p], w[o][2p + 1]), (bf16(x[2p]), bf16(x[2p + 1])));
+ *   y = acc + bias (if any). */
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-#define ROWS512 4
-#define CHUNK512 16
-#define PF_MAX_TILE (32 << 10) /* bytes: software prefetching for tiles up to this size */
-
-T512 static inline float hsum16(__m512 v) {
-    __m256 lo = _mm512_castps512_ps256(v), hi = _mm512_extractf32x8_ps(v, 1);
-    return hsum(_mm256_add_ps(lo, hi));
-}
-
-/* hsum16 of 8 vectors at once, bit-identical to 8 hsum16 calls (the same pairs added in the same tree,
- * with the shuffles spread across the vectors instead of within one): lane i of the result is hsum16(v[i]).
- * About 3 instructions a sum instead of 9, and fewer dependent steps: at in = 576 the 24 reductions of a
- * tile were as many instructions as its vdpbf16ps. */
-T512 static inline __attribute__((always_inline)) __m256 hsum16x8(const __m512 v[8]) {
-    /* result lane L comes from the tree's slot [0, 4, 1, 5, 2, 6, 3, 7][L] (see step 4): v[L] goes there */
-    static const int slot[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-    __m512 u[8], h[4], q[2];
-    for (int i = 0; i < 8; i++) u[slot[i]] = v[i];
-    /* step 1, per vector j + j+8: [u0 (8 lanes) | u1 (8 lanes)] from the 256-bit halves of u0 and u1 */
-    for (int i = 0; i < 4; i++)
-        h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x44),
-                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xEE));
-    /* step 2, j + j+4: 128-bit lane k of q[i] holds vector 4i + k's four partial sums */
-    for (int i = 0; i < 2; i++)
-        q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0xDD));
-    /* step 3, j + j+2: lane k holds [vk: t0+t2, t1+t3, v(k+4): t0+t2, t1+t3] */
-    __m512 t = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(q[0]), _mm512_castps_pd(q[1]))),
-                             _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(q[0]), _mm512_castps_pd(q[1]))));
-    /* step 4, j + j+1 in the even lanes, which the 64 -> 32 narrowing keeps: [u0, u4, u1, u5, u2, u6, u3, u7] */
-    t = _mm512_add_ps(t, _mm512_movehdup_ps(t));
-    return _mm256_castsi256_ps(_mm512_cvtepi64_epi32(_mm512_castps_si512(t)));
-}
-
-T512 static inline __attribute__((always_inline)) void tile512(const uint16_t *restrict W,
-                                                               const uint16_t *restrict x, float *restrict y,
-                                                               const float *restrict bias, int64_t in,
-                                                               int64_t ldy, const int O, const int R,
-                                                               const uint16_t *pf, int npf) {
-    __m512 acc[24][ROWS512];
-    for (int a = 0; a < O; a++)
-        for (int r = 0; r < R; r++) acc[a][r] = _mm512_setzero_ps();
-    const int64_t k32 = in & ~(int64_t)31;
-    for (int64_t k = 0; k < k32; k += 32) {
-        __m512bh xv[ROWS512];
-        for (int r = 0; r < R; r++) xv[r] = (__m512bh)_mm512_loadu_si512((const void *)(x + r * in + k));
-        for (int a = 0; a < O; a++) {
-            if (a < npf) _mm_prefetch((const char *)(pf + a * in + k), _MM_HINT_T0);
-            __m512bh w = (__m512bh)_mm512_loadu_si512((const void *)(W + a * in + k));
-            for (int r = 0; r < R; r++) acc[a][r] = _mm512_dpbf16_ps(acc[a][r], w, xv[r]);
-        }
-    }
-    if (k32 < in) {
-        const __mmask32 m = (__mmask32)((1ull << (in - k32)) - 1);
-        __m512bh xv[ROWS512];
-        for (int r = 0; r < R; r++) xv[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, x + r * in + k32);
-        for (int a = 0; a < O; a++) {
-            __m512bh w = (__m512bh)_mm512_maskz_loadu_epi16(m, W + a * in + k32);
-            for (int r = 0; r < R; r++) acc[a][r] = _mm512_dpbf16_ps(acc[a][r], w, xv[r]);
-        }
-    }
-    if (O == 1) {
-        for (int r = 0; r < R; r++) {
-            float s = hsum16(acc[0][r]);
-            if (bias) s = s + bias[0];
-            y[r * ldy] = s;
-        }
-        return;
-    }
-    /* the O x R sums, 8 at a time (a last partial group padded with zeros), row-major in sums[] */
-    float sums[24 + 8];
-    const __m512 zero = _mm512_setzero_ps();
-    for (int g = 0; g < O * R; g += 8) {
-        __m512 v[8];
-        for (int j = 0; j < 8; j++) v[j] = g + j < O * R ? acc[(g + j) % O][(g + j) / O] : zero;
-        _mm256_storeu_ps(sums + g, hsum16x8(v));
-    }
-    for (int r = 0; r < R; r++)
-        for (int a = 0; a < O; a++) {
-            float s = sums[r * O + a];
-            if (bias) s = s + bias[a];
-            y[r * ldy + a] = s;
-        }
-}
-
-/* One tile call with O and R as compile-time constants (every shape the driver below uses). */
-T512 static void tile512_call(int O, int R, const uint16_t *pf, int npf, const uint16_t *W, const uint16_t *x,
-                              float *y, const float *bias, int64_t in, int64_t ldy) {
-#define T(o, r)                                                                                        \
-    if (O == o && R == r) {                                                                           \
-        if (npf == o) tile512(W, x, y, bias, in, ldy, o, r, pf, o); /* (constant: no test per row) */ \
-        else if (npf) tile512(W, x, y, bias, in, ldy, o, r, pf, npf);                                 \
-        else tile512(W, x, y, bias, in, ldy, o, r, 0, 0); /* no prefetching compiled in */            \
-        return;                                                                                       \
-    }
-    T(12, 1) T(12, 2) T(8, 3) T(6, 4) T(6, 3) T(6, 2) T(6, 1) T(1, 1) T(1, 2) T(1, 3) T(1, 4)
-#undef T
-    abort(); /* a shape the driver never asks for */
-}
-
-/* Outputs [o0, o1) for all n rows (bf16 x), CHUNK512 rows per pass over the outputs' weights. */
-T512 static void run_block512(const uint16_t *W, const uint16_t *x, float *y, const float *bias, int64_t n,
-                              int64_t in, int64_t out, int64_t o0, int64_t o1) {
-    static const int width[ROWS512 + 1] = {0, 12, 12, 8, 6};
-    for (int64_t i0 = 0; i0 < n; i0 += CHUNK512) {
-        int64_t m = n - i0 < CHUNK512 ? n - i0 : CHUNK512;
-        int O = width[m < ROWS512 ? m : ROWS512];
-        for (int64_t o = o0; o < o1; o += O) {
-            int full = o + O <= o1;
-            for (int64_t i = i0; i < i0 + m; i += ROWS512) {
-                int R = (int)(i0 + m - i < ROWS512 ? i0 + m - i : ROWS512);
-                const uint16_t *xr = x + i * in;
-                float *yr = y + i * out;
-                if (full) {
-                    /* for n > 1, each pass over this tile prefetches its share of the next tile's rows
-                     * (not for a tile larger than L1: the hardware prefetcher alone was faster there) */
-                    const uint16_t *pf = 0;
-                    int npf = 0;
-                    if (m > 1 && o + 2 * O <= out && O * in * 2 <= PF_MAX_TILE) {
-                        int passes = (int)(m + ROWS512 - 1) / ROWS512, p = (int)(i - i0) / ROWS512;
-                        int r0 = O * p / passes;
-                        pf = W + (o + O + r0) * in;
-                        npf = O * (p + 1) / passes - r0;
-                    }
-                    tile512_call(O, R, pf, npf, W + o * in, xr, yr + o, bias ? bias + o : 0, in, out);
-                } else {
-                    for (int64_t e = o; e < o1; e++)
-                        tile512_call(1, R, 0, 0, W + e * in, xr, yr + e, bias ? bias + e : 0, in, out);
-                }
-            }
-        }
-    }
-}
+#define GROUPS512 3 /* groups of 16 outputs per register tile */
+#define ROWS512 8   /* rows per pass */
+#define CHUNK512 16 /* rows of x per chunk (one pair-packed block) */
+#define UNIT512 (6 * 16) /* outputs per unit of work handed to a thread */
+#define PF512_MAX (256 << 10) /* bytes: the largest tile prefetched */
 
 /* x [n, in] fp32 -> bf16, round to nearest even per element. */
 T512 static void round_x(const float *x, uint16_t *xb, int64_t count) {
@@ -335,6 +198,91 @@ T512 static void round_x(const float *x, uint16_t *xb, int64_t count) {
         _mm256_mask_storeu_epi16(xb + k, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + k)));
     }
 }
+
+/* O groups x R rows over all pairs: Wp at the first group, xq at the pass's first row of a chunk of m rows,
+ * y at its first output of its first row. */
+T512 static inline __attribute__((always_inline)) void tile512(const uint16_t *restrict Wp, const int32_t *restrict xq,
+                                                               int64_t m, float *restrict y, const float *restrict bias,
+                                                               int64_t pairs, int64_t ldy, const int O, const int R,
+                                                               const uint16_t *pf, int npf, int pass, int passes) {
+    __m512 acc[GROUPS512][ROWS512];
+    for (int a = 0; a < O; a++)
+        for (int r = 0; r < R; r++) acc[a][r] = _mm512_setzero_ps();
+    const int64_t gs = pairs * 32; /* uint16 per group */
+    for (int64_t p = 0; p < pairs; p++, Wp += 32, xq += m) {
+        __m512bh w[GROUPS512];
+        for (int a = 0; a < O; a++) w[a] = (__m512bh)_mm512_loadu_si512((const void *)(Wp + a * gs));
+        if (npf && p % passes == pass)
+            for (int a = 0; a < npf; a++) _mm_prefetch((const char *)(pf + a * gs + 32 * p), _MM_HINT_T1);
+        for (int r = 0; r < R; r++) {
+            const __m512bh b = (__m512bh)_mm512_set1_epi32(xq[r]);
+            for (int a = 0; a < O; a++) acc[a][r] = _mm512_dpbf16_ps(acc[a][r], w[a], b);
+        }
+    }
+    for (int a = 0; a < O; a++)
+        for (int r = 0; r < R; r++) {
+            __m512 v = acc[a][r];
+            if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + 16 * a));
+            _mm512_storeu_ps(y + r * ldy + 16 * a, v);
+        }
+}
+
+/* One tile call with O and R as compile-time constants. */
+T512 static void tile512_call(int O, int R, const uint16_t *Wp, const int32_t *xq, int64_t m, float *y,
+                              const float *bias, int64_t pairs, int64_t ldy, const uint16_t *pf, int pass,
+                              int passes) {
+#define T(o, r)                                                                                      \
+    if (O == o && R == r) {                                                                          \
+        if (pf) tile512(Wp, xq, m, y, bias, pairs, ldy, o, r, pf, GROUPS512, pass, passes);           \
+        else tile512(Wp, xq, m, y, bias, pairs, ldy, o, r, 0, 0, 0, 1); /* no prefetching compiled in */ \
+        return;                                                                                      \
+    }
+#define TR(o) T(o, 1) T(o, 2) T(o, 3) T(o, 4) T(o, 5) T(o, 6) T(o, 7) T(o, 8)
+    TR(1) TR(2) TR(3)
+#undef TR
+#undef T
+    abort(); /* a shape the driver never asks for */
+}
+
+/* Outputs [o0, o1) (o0 a multiple of 16) for all n rows; xq the pair-packed chunks of x; y [n, ldy], ldy the
+ * outputs rounded up to 16 (the caller's buffer when out % 16 == 0, else a padded one). */
+T512 static void run_block512(const uint16_t *Wp, const int32_t *xq, float *y, const float *bias, int64_t n,
+                              int64_t pairs, int64_t ldy, int64_t o0, int64_t o1, int64_t gn) {
+    const int64_t g0 = o0 / 16, g1 = (o1 + 15) / 16;
+    for (int64_t i0 = 0; i0 < n; i0 += CHUNK512) {
+        const int64_t m = n - i0 < CHUNK512 ? n - i0 : CHUNK512;
+        const int32_t *xc = xq + i0 * pairs;
+        for (int64_t g = g0; g < g1; g += GROUPS512) {
+            const int O = (int)(g1 - g < GROUPS512 ? g1 - g : GROUPS512);
+            /* for n > 1 the passes over this tile prefetch the next tile into L2, pass p of P the pairs p, p + P, .. */
+            const int passes = (int)((m + ROWS512 - 1) / ROWS512);
+            const uint16_t *pf = m > 1 && g + 2 * GROUPS512 <= gn && GROUPS512 * pairs * 64 <= PF512_MAX
+                                     ? Wp + (g + GROUPS512) * pairs * 32 : 0;
+            for (int64_t i = 0; i < m; i += ROWS512) {
+                const int R = (int)(m - i < ROWS512 ? m - i : ROWS512);
+                tile512_call(O, R, Wp + g * pairs * 32, xc + i, m, y + (i0 + i) * ldy + 16 * g,
+                             bias ? bias + 16 * g : 0, pairs, ldy, pf, (int)(i / ROWS512), passes);
+            }
+        }
+    }
+}
+
+/* x [n, in] fp32 -> bf16 pairs, per chunk of CHUNK512 rows: xq[chunk first row * pairs + p * m + r] holds
+ * row r's inputs 2p, 2p + 1 (round to nearest even per element; an odd in's last pair zero-padded). */
+T512 static void pack_x512(const float *x, int32_t *xq, int64_t n, int64_t in) {
+    const int64_t pairs = (in + 1) / 2;
+    uint16_t *row = aligned_alloc(64, ((size_t)(2 * pairs) * 2 + 63) & ~(size_t)63);
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t i0 = i - i % CHUNK512, m = n - i0 < CHUNK512 ? n - i0 : CHUNK512;
+        round_x(x + i * in, row, in);
+        if (in % 2) row[in] = 0;
+        const int32_t *w = (const int32_t *)row;
+        int32_t *d = xq + i0 * pairs + (i - i0);
+        for (int64_t p = 0; p < pairs; p++) d[p * m] = w[p];
+    }
+    free(row);
+}
+
 
 /* ---- AMX-BF16: tile matrix multiplies on bf16 x and bf16 W as stored -------------------------------
  * Sapphire Rapids and later (Intel's Advanced Matrix Extensions). One `tdpbf16ps` multiplies a 16 x 32
@@ -412,46 +360,66 @@ int skinny_supported(int isa) {
     return 0;
 }
 
-static void run_unit(int isa, const void *xp, const uint16_t *W, const float *bias, float *y, int64_t n, int64_t in,
-                     int64_t out, int64_t o0, int64_t o1) {
-    if (isa == ISA_AVX512BF16)
-        run_block512(W, (const uint16_t *)xp, y, bias, n, in, out, o0, o1);
-    else
-        run_block(W, (const float *)xp, y, bias, n, in, out, o0 / GROUP, (o1 + GROUP - 1) / GROUP);
+/* The AVX512-BF16 path: Wp as kernels.pack_bf16 lays it out. When out is not a multiple of 16, y and the bias go through
+ * copies padded to whole groups (a tile stores 16 lanes). Returns 0, or 2 when out of memory. */
+static int skinny512(const float *x, const uint16_t *Wp, const float *bias, float *y, int64_t n, int64_t in,
+                     int64_t out, int threads) {
+    const int64_t pairs = (in + 1) / 2, ldy = (out + 15) / 16 * 16, units = (out + UNIT512 - 1) / UNIT512;
+    int32_t *xq = aligned_alloc(64, ((size_t)(n * pairs) * 4 + 63) & ~(size_t)63);
+    float *yp = ldy == out ? y : malloc((size_t)(n * ldy) * sizeof(float)), *bp = 0;
+    if (bias && ldy != out && (bp = calloc((size_t)ldy, sizeof(float)))) memcpy(bp, bias, (size_t)out * sizeof(float));
+    if (!xq || !yp || (bias && ldy != out && !bp)) {
+        free(xq); if (yp != y) free(yp); free(bp);
+        return 2;
+    }
+    const float *b = bp ? bp : bias;
+    pack_x512(x, xq, n, in);
+    if (threads > units) threads = (int)units;
+    if (threads <= 1) {
+        run_block512(Wp, xq, yp, b, n, pairs, ldy, 0, out, ldy / 16);
+    } else {
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+        for (int64_t u = 0; u < units; u++)
+            run_block512(Wp, xq, yp, b, n, pairs, ldy, u * UNIT512, (u + 1) * UNIT512 < out ? (u + 1) * UNIT512 : out,
+                         ldy / 16);
+    }
+    if (yp != y)
+        for (int64_t i = 0; i < n; i++) memcpy(y + i * out, yp + i * ldy, (size_t)out * sizeof(float));
+    free(xq); if (yp != y) free(yp); free(bp);
+    return 0;
 }
 
-/* x [n, in] fp32, W [out, in] bf16 (raw uint16), bias [out] fp32 or NULL, y [n, out] fp32; all
- * contiguous; isa ISA_AVX2 or ISA_AVX512BF16. The outputs are cut into units of UNIT, handed out to
- * `threads` threads dynamically: on a loaded machine a descheduled thread then holds up one unit, not
- * half of the matrix. Which thread computes an output never changes its value.
+/* x [n, in] fp32, W bf16 (raw uint16): [out, in] for ISA_AVX2 and ISA_AMX, kernels.pack_bf16's layout for
+ * ISA_AVX512BF16; bias [out] fp32 or NULL, y [n, out] fp32; all contiguous. The outputs are cut into units
+ * handed out to `threads` threads dynamically: on a loaded machine a descheduled thread then holds up one unit,
+ * not half of the matrix. Which thread computes an output never changes its value.
  * Returns 0, 1 for an ISA this CPU lacks, 2 when out of memory. */
 int skinny_bf16(int isa, const float *x, const uint16_t *W, const float *bias, float *y, int64_t n, int64_t in,
                 int64_t out, int threads) {
     if (!skinny_supported(isa)) return 1;
+    int64_t most = in * out / MIN_WORK; /* a tiny matrix is not worth waking a second thread */
+    if (threads > most) threads = (int)most;
+    if (threads < 1) threads = 1;
+    if (isa == ISA_AVX512BF16) return skinny512(x, W, bias, y, n, in, out, threads);
     size_t size = (size_t)(n * in) * (isa == ISA_AVX2 ? sizeof(float) : sizeof(uint16_t));
     void *xp = aligned_alloc(64, (size + 127) & ~(size_t)63);
     if (!xp) return 2;
-    if (isa != ISA_AVX2)
-        round_x(x, (uint16_t *)xp, n * in);
-    else
-        permute_x(x, (float *)xp, n, in);
-    int64_t units = (out + UNIT - 1) / UNIT;
-    int64_t most = in * out / MIN_WORK; /* a tiny matrix is not worth waking a second thread */
-    if (threads > most) threads = (int)most;
-    if (threads > units) threads = (int)units;
-    if (threads < 1) threads = 1;
     if (isa == ISA_AMX) {
+        round_x(x, (uint16_t *)xp, n * in);
         int rc = amx_bf16((const uint16_t *)xp, W, bias, y, n, in, out, threads);
         free(xp);
         return rc;
     }
+    permute_x(x, (float *)xp, n, in);
+    int64_t units = (out + UNIT - 1) / UNIT;
+    if (threads > units) threads = (int)units;
     if (threads <= 1) {
-        run_unit(isa, xp, W, bias, y, n, in, out, 0, out);
+        run_block(W, (const float *)xp, y, bias, n, in, out, 0, (out + GROUP - 1) / GROUP);
     } else {
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
         for (int64_t u = 0; u < units; u++) {
             int64_t o1 = (u + 1) * UNIT < out ? (u + 1) * UNIT : out;
-            run_unit(isa, xp, W, bias, y, n, in, out, u * UNIT, o1);
+            run_block(W, (const float *)xp, y, bias, n, in, out, u * UNIT / GROUP, (o1 + GROUP - 1) / GROUP);
         }
     }
     free(xp);
