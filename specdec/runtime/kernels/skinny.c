@@ -185,7 +185,7 @@ static void permute_x(const float *x, float *xp, int64_t n, int64_t in) {
 #define GROUPS512 3 /* groups of 16 outputs per register tile */
 #define ROWS512 8   /* rows per pass */
 #define CHUNK512 16 /* rows of x per chunk (one pair-packed block) */
-#define UNIT512 (6 * 16) /* outputs per unit of work handed to a thread */
+#define UNIT512 (9 * 16) /* outputs per unit of work handed to a thread */
 #define PF512_MAX (256 << 10) /* bytes: the largest tile prefetched */
 
 /* x [n, in] fp32 -> bf16, round to nearest even per element. */
@@ -381,7 +381,7 @@ static int skinny512(const float *x, const uint16_t *Wp, const float *bias, floa
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
         for (int64_t u = 0; u < units; u++)
             run_block512(Wp, xq, yp, b, n, pairs, ldy, u * UNIT512, (u + 1) * UNIT512 < out ? (u + 1) * UNIT512 : out,
-                         ldy / 16);
+                         ((u + 1) * UNIT512 < out ? (u + 1) * UNIT512 : ldy) / 16);
     }
     if (yp != y)
         for (int64_t i = 0; i < n; i++) memcpy(y + i * out, yp + i * ldy, (size_t)out * sizeof(float));
