@@ -164,16 +164,21 @@ def test_packed_layout_round_trip_and_same_bits(path):
 
 def test_a_model_on_the_avx512_path_holds_its_weights_packed_once(tmp_path, monkeypatch):
     """Loaded for "avx512bf16", each projection's weight is the packed layout in place of the matrix (4-D, so
-    nothing reads it as [out, in]); a tied LM head packs a copy and leaves the table the embedding reads."""
+    nothing reads it as [out, in]); a tied table is packed once, shared by the LM head, and the embedding
+    gathers the same rows from it as from the matrix."""
     if kernels.unavailable("avx512bf16"):
         pytest.skip(f"avx512bf16: {kernels.unavailable('avx512bf16')}")
-    monkeypatch.setenv("SPECDEC_MATMUL", "avx512bf16")
+    ids = torch.tensor([[0, 5, 17, VOCAB - 1]])
     for arch, tied in (("llama", False), ("qwen2", True)):
-        model = load_transformer(save_tiny(arch, tmp_path / arch), torch.bfloat16)
-        block = model.layers[0]
-        assert block.qkv.weight.dim() == 4 and block.qkv.kernel_weight is block.qkv.weight
-        assert (model.lm_head.weight is model.embed.weight) == tied
-        assert model.lm_head.weight.dim() == (2 if tied else 4) and model.lm_head.kernel_weight.dim() == 4
+        folder = save_tiny(arch, tmp_path / arch)
+        monkeypatch.setenv("SPECDEC_MATMUL", "avx2")
+        plain = load_transformer(folder, torch.bfloat16)
+        monkeypatch.setenv("SPECDEC_MATMUL", "avx512bf16")
+        model = load_transformer(folder, torch.bfloat16)
+        assert model.layers[0].qkv.weight.dim() == 4 and model.lm_head.weight.dim() == 4
+        assert (model.lm_head.weight is model.embed.weight) == tied and model.embed.weight.dim() == (4 if tied else 2)
+        assert torch.equal(model.embed(ids), plain.embed(ids)) and torch.equal(model.embed.table(), plain.embed.weight)
+        assert torch.equal(model.lm_head.matrix(), plain.lm_head.weight)
 
 
 @needs_kernel

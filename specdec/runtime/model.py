@@ -78,34 +78,25 @@ class Linear(nn.Linear):
     (`kernels.packs`: AVX512-BF16) the weight is repacked once (`packed`)."""
 
     path: str | None = None  # the kernel's path for bf16 weights (`kernels.matmul_path()` when loaded)
-    packed: torch.Tensor | None = None  # a packed copy of a weight the embedding shares (`pack(keep=True)`)
 
-    def pack(self, path: str, keep: bool = False) -> None:
+    def pack(self, path: str) -> None:
         """Run every forward on the kernel's `path`; on a path that `packs`, repack the bf16 weight once
-        (`kernels.pack_bf16`), in place of the [out, in] matrix (which then reads 4-D, so nothing mistakes it
-        for one), or beside it with `keep` (a table the embedding shares)."""
+        (`kernels.pack_bf16`) in place of the [out, in] matrix, which then reads 4-D, so nothing mistakes it
+        for one (`matrix()` gives it back). A weight already packed (a tied table: `Embedding.pack`) stays."""
         self.path = path
         if kernels.packs(path) and self.weight.dtype == torch.bfloat16 and self.weight.dim() == 2:
-            if keep:
-                self.packed = kernels.pack_bf16(self.weight.detach())
-            else:
-                self.weight = nn.Parameter(kernels.pack_bf16(self.weight.detach()), requires_grad=False)
+            self.weight = nn.Parameter(kernels.pack_bf16(self.weight.detach()), requires_grad=False)
 
     def matrix(self) -> torch.Tensor:
         """The weight as [out, in] (unpacked, a copy, where `pack` replaced it)."""
         w = self.weight.detach()
         return kernels.unpack_bf16(w, self.out_features, self.in_features) if w.dim() == 4 else w
 
-    @property
-    def kernel_weight(self) -> torch.Tensor:
-        """The weight as the kernel takes it: packed ([out / 16, in / 2, 16, 2]) or [out, in]."""
-        return self.weight if self.packed is None else self.packed
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight.dtype == torch.bfloat16 and x.dtype == torch.float32:
-            if self.kernel_weight.dim() == 2 and kernels.packs(self.path or kernels.matmul_path()):
-                self.pack(self.path or kernels.matmul_path(), keep=True)  # one the loader did not pack (Medusa's rows)
-            return kernels.linear_bf16(x, self.kernel_weight, self.bias, path=self.path, out_features=self.out_features)
+            if self.weight.dim() == 2 and kernels.packs(self.path or kernels.matmul_path()):
+                self.pack(self.path or kernels.matmul_path())  # one the loader did not pack (Medusa's rows)
+            return kernels.linear_bf16(x, self.weight, self.bias, path=self.path, out_features=self.out_features)
         if self.weight.dtype != torch.float32:
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(-1, x.shape[-1])
@@ -145,12 +136,27 @@ class QLinear(nn.Module):
 
 
 class Embedding(nn.Embedding):
-    """nn.Embedding whose lookup is returned in `out_dtype` when set (bf16 table, fp32 activations)."""
+    """nn.Embedding whose lookup is returned in `out_dtype` when set (bf16 table, fp32 activations). A table
+    tied to the LM head on a path that `packs` is held once, in the head's layout (`pack`): a lookup then
+    gathers a token's row from it (row t: group t // 16, lane t % 16, every pair of inputs)."""
 
     out_dtype: torch.dtype | None = None
 
+    def pack(self) -> None:
+        """Hold the bf16 table in `kernels.pack_bf16`'s layout, for a tied LM head to share."""
+        self.weight = nn.Parameter(kernels.pack_bf16(self.weight.detach()), requires_grad=False)
+
+    def table(self) -> torch.Tensor:
+        """The table as [vocab, dim] (unpacked, a copy, where `pack` replaced it)."""
+        w = self.weight.detach()
+        return kernels.unpack_bf16(w, self.num_embeddings, self.embedding_dim) if w.dim() == 4 else w
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = super().forward(tokens)
+        if self.weight.dim() == 4:
+            w = self.weight
+            x = w[tokens // 16, :, tokens % 16].reshape(*tokens.shape, -1)[..., :self.embedding_dim]
+        else:
+            x = super().forward(tokens)
         return x if self.out_dtype is None or x.dtype == self.out_dtype else x.to(self.out_dtype)
 
 
@@ -288,7 +294,7 @@ class FusedLayers:
         bias = None if proj.bias is None else proj.bias.detach().float().contiguous()
         if bias is not None:
             self.keep.append(bias)
-        return [[1, 0, proj.kernel_weight.data_ptr(), 0, 0, 0 if bias is None else bias.data_ptr(), proj.out_features]]
+        return [[1, 0, proj.weight.data_ptr(), 0, 0, 0 if bias is None else bias.data_ptr(), proj.out_features]]
 
     @classmethod
     def of(cls, model: "Transformer") -> "FusedLayers | None":
@@ -307,7 +313,7 @@ class FusedLayers:
                         return None
                 elif not (isinstance(proj, Linear) and proj.weight.dtype == torch.bfloat16 and proj.path
                           and proj.path != "torch" and proj.weight.is_contiguous()
-                          and (proj.kernel_weight.dim() == 4 or not kernels.packs(proj.path))):
+                          and (proj.weight.dim() == 4 or not kernels.packs(proj.path))):
                     return None
         return cls(model)
 

@@ -314,7 +314,7 @@ def train(cache: HiddenCache, target, name: str, fingerprint: str, s: TrainSetti
     aux = tuple(cache.meta["layers"])
     device = torch.device(device)
     head = new_head(target, name, fingerprint, s, aux, vocab).to(device)
-    trainer = Trainer(head, target.embed.weight.detach().to(device, torch.float32), cache, s, device)
+    trainer = Trainer(head, target.embed.table().to(device, torch.float32), cache, s, device)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=0.0)
     total = sum(len(docs.batches(docs.train, s.batch_tokens, s.seed + e)) for e in range(s.epochs))  # shuffles differ

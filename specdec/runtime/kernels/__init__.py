@@ -8,15 +8,17 @@ flags by `choose_path`; `matmul_path()` is this machine's, `SPECDEC_MATMUL=amx|a
   instruction: a forward over 16 positions costs about what one costs (n = 16: 1.07 of n = 1 on the
   1.5B's shapes, where the AVX512-BF16 path pays 3.2x), and n = 1 is within 3% of that path;
 - "avx512bf16" (Zen 4/5, Sapphire Rapids and later): the C kernel (`skinny.c`) rounds each row of x to
-  bf16 and multiplies 32 weights per instruction with `vdpbf16ps` into fp32 lanes, W as stored, in
-  12x1 .. 6x4 register tiles (outputs x rows), 16 rows per pass over W, the 4-row passes over a tile
-  sharing out the prefetching of the next tile (BENCHMARKS.md: n = 16 costs 18% less on SmolLM2);
+  bf16 and multiplies 32 weights per instruction with `vdpbf16ps` into fp32 lanes, W repacked once at load
+  (`pack_bf16`: for 16 outputs, one pair of inputs per 64-byte load) so each lane is one output and no
+  horizontal sums are needed; register tiles of 48 outputs x 8 rows, the passes over a tile prefetching
+  the next (session 17, 2-core Zen 4: 0.69x the previous kernel's time at n = 1 and 0.61x at n = 8 on
+  SmolLM2's shapes, 0.85x and 0.69x on the 1.5B's);
 - "avx2" (AVX2 + FMA + F16C: Haswell, Zen 1-3): the kernel widens sixteen bf16 weights at a time to
   fp32 in registers (a bf16 is the top half of an fp32: the even ones shifted left 16, the odd ones
   masked, x reordered to match once per call) and accumulates with fp32 FMAs in 3x3, 4x2 and 8x1
   tiles, 15 rows per pass over W;
 - "torch" (any other CPU, ARM included, or no compiler): F.linear on the widened weights.
-Units of 96 outputs (AMX: 32) are handed out to the threads (`torch.get_num_threads()`).
+Units of outputs (AVX2: 96, AVX512-BF16: 144, AMX: 32) are handed out to the threads (`torch.get_num_threads()`).
 
 Measured on a 2-core Zen 5 (one thread, 17920 x 1536 as in the 1.5B's gate|up, interleaved medians, machine
 shared by other work, so ratios rather than absolute figures). Weights from memory (8 such matrices in
@@ -257,7 +259,7 @@ def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
     whole groups and pairs), so one 64-byte load feeds one `vdpbf16ps` whose lanes are 16 outputs (`skinny.c`).
     Example: out = 32, in = 4 -> [2, 2, 16, 2]; element [g, p, j, t] is weight[16 g + j, 2 p + t]."""
     out_f, in_f = weight.shape
-    w = F.pad(weight, (0, in_f % 2, 0, -out_f % 16))
+    w = F.pad(weight, (0, in_f % 2, 0, -out_f % 16)) if in_f % 2 or out_f % 16 else weight
     return w.view(w.shape[0] // 16, 16, w.shape[1] // 2, 2).transpose(1, 2).contiguous()
 
 

@@ -172,10 +172,14 @@ static void permute_x(const float *x, float *xp, int64_t n, int64_t in) {
  * accumulator: every lane is one y[i, o], and no horizontal sums are needed (the previous layout, one weight
  * row per 64-byte load, summed 16 lanes per output at the end of every tile: at in = 576 that epilogue cost a
  * third of the tile's time). A register tile covers 3 groups of 16 outputs x up to 8 rows (24 accumulators,
- * 3 weight registers, 1 broadcast); a chunk's rows go through in passes of 8, later passes finding the
- * tile's weights in cache. Units of 6 groups are handed out to the threads.
- * Measured on a 2-core Zen 4 (family 25 model 17), 2 threads, weights from memory, against the previous
- * layout (benchmarks/kernel/kernel_ab.py, SmolLM2-135M's shapes): see BENCHMARKS.md, session 17.
+ * 3 weight registers, 1 broadcast; in L1 it runs at the core's `vdpbf16ps` peak, 113 of 114 GMAC/s); a chunk's
+ * rows go through in passes of 8, later passes finding the tile's weights in cache. Units of 9 groups (3 tiles)
+ * are handed out to the threads; for n > 1 the passes over a tile prefetch the unit's next tile into L2, pass
+ * p of P the pairs p, p + P, .. (one pass alone left the memory idle while the later passes computed).
+ * Measured on a 2-core Zen 4 (family 25 model 17), 2 threads, weights from memory, against the previous layout
+ * (benchmarks/kernel/kernel_ab.py, medians of interleaved sweeps; benchmarks/s17/ab-*.txt): SmolLM2-135M's
+ * shapes n = 1 / 4 / 8 / 16 / 64 0.69 / 0.65 / 0.61 / 0.78 / 0.81 of its time, Qwen2.5-Coder-1.5B's n = 1 / 4 /
+ * 8 / 16 0.85 / 0.76 / 0.69 / 0.71 (its n = 8 now 1.19 of n = 1, was 1.46).
  * Order per y[i, o], whatever n, row, tile, pass or thread:
  *   acc = 0;
  *   for each pair of inputs p = 0, 1, .., ceil(in / 2) - 1, in order (an odd in's last pair zero-padded):
