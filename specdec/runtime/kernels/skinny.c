@@ -405,6 +405,8 @@ int skinny_bf16(int isa, const float *x, const uint16_t *W, const float *bias, f
     if (threads > most) threads = (int)most;
     if (threads < 1) threads = 1;
     if (isa == ISA_AVX512BF16) return skinny512(x, W, bias, y, n, in, out, threads);
+    int64_t units = (out + UNIT - 1) / UNIT;
+    if (threads > units) threads = (int)units;
     size_t size = (size_t)(n * in) * (isa == ISA_AVX2 ? sizeof(float) : sizeof(uint16_t));
     void *xp = aligned_alloc(64, (size + 127) & ~(size_t)63);
     if (!xp) return 2;
@@ -415,8 +417,6 @@ int skinny_bf16(int isa, const float *x, const uint16_t *W, const float *bias, f
         return rc;
     }
     permute_x(x, (float *)xp, n, in);
-    int64_t units = (out + UNIT - 1) / UNIT;
-    if (threads > units) threads = (int)units;
     if (threads <= 1) {
         run_block(W, (const float *)xp, y, bias, n, in, out, 0, (out + GROUP - 1) / GROUP);
     } else {
