@@ -23,3 +23,9 @@ for r in 1 2; do for d in /tmp/old .; do (cd $d && PYTHONPATH=$d $OLDPWD/.venv/b
     --prompts spec-bench --limit 1 --max-new-tokens 128 --compare-hf --out benchmarks/s17/smollm2-specbench-bf16
 .venv/bin/specdec bench --model qwen2.5-coder-1.5b --dtype bf16 --methods plain,prompt-lookup,lookahead \
     --prompts humanevalfix --limit 3 --max-new-tokens 128 --compare-hf --out benchmarks/s17/qwen1.5b-humanevalfix-bf16
+# exact attention: a KV head's query heads split across threads only while a thread would be idle (attention-ab.txt)
+git show 031c3ae:specdec/runtime/kernels/attention.c > /tmp/attention_old.c
+for a in "--model smollm2-135m --dtype q4 --context 256" "--model smollm2-135m --dtype q4 --context 1024" \
+         "--model smollm2-135m --dtype bf16 --context 256" "--model qwen2.5-coder-1.5b --dtype q4 --context 256 --sweeps 8 --steps 8"; do
+    PYTHONPATH=. .venv/bin/python benchmarks/s17/attention_ab.py /tmp/attention_old.c specdec/runtime/kernels/attention.c $a
+done
