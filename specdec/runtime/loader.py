@@ -14,7 +14,6 @@ q8 / q4 (passed as those strings): the projections and LM head come from the qua
 from __future__ import annotations
 
 import ctypes
-
 import json
 import sys
 from pathlib import Path

@@ -75,7 +75,7 @@ class Linear(nn.Linear):
     A bf16 weight with fp32 input runs the bf16 skinny-GEMM kernel on `path` ("amx", "avx512bf16" or "avx2", set by
     `pack` once per model: every forward, decoding and verification alike, takes the same path, so a
     position's output is bit-identical for any n). On a path that takes its own weight layout
-    (`kernels.packs`: AVX512-BF16) the weight is repacked once (`packed`)."""
+    (`kernels.packs`: AVX512-BF16) the weight is repacked once (`pack`)."""
 
     path: str | None = None  # the kernel's path for bf16 weights (`kernels.matmul_path()` when loaded)
 
@@ -94,9 +94,10 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight.dtype == torch.bfloat16 and x.dtype == torch.float32:
-            if self.weight.dim() == 2 and kernels.packs(self.path or kernels.matmul_path()):
-                self.pack(self.path or kernels.matmul_path())  # one the loader did not pack (Medusa's rows)
-            return kernels.linear_bf16(x, self.weight, self.bias, path=self.path, out_features=self.out_features)
+            path = self.path or kernels.matmul_path()
+            if self.weight.dim() == 2 and kernels.packs(path):
+                self.pack(path)  # a Linear the loader did not pack (Medusa's LM-head rows): once, here
+            return kernels.linear_bf16(x, self.weight, self.bias, path=path, out_features=self.out_features)
         if self.weight.dtype != torch.float32:
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(-1, x.shape[-1])
