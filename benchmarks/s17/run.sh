@@ -31,3 +31,6 @@ for a in "--model smollm2-135m --dtype q4 --context 256" "--model smollm2-135m -
 done
 # the final code's probe, every path (probe-smollm2-bf16-final.txt)
 for r in 1 2; do .venv/bin/specdec probe --model smollm2-135m --dtype bf16 --repeats 7; done
+# the server's three modes with the final code (#13; serve-smollm2/)
+.venv/bin/specdec loadtest --serve auto,always,never --model smollm2-135m --concurrency 1,2,4,8,16 --repeat 3 \
+    --max-tokens 64 --prompts spec-bench --out benchmarks/s17/serve-smollm2
