@@ -179,6 +179,9 @@ def test_a_model_on_the_avx512_path_holds_its_weights_packed_once(tmp_path, monk
         assert (model.lm_head.weight is model.embed.weight) == tied and model.embed.weight.dim() == (4 if tied else 2)
         assert torch.equal(model.embed(ids), plain.embed(ids)) and torch.equal(model.embed.table(), plain.embed.weight)
         assert torch.equal(model.lm_head.matrix(), plain.lm_head.weight)
+        for bad in (-1, VOCAB):  # as nn.Embedding: an id outside the vocabulary fails, packed or not
+            with pytest.raises(IndexError):
+                model.embed(torch.tensor([[bad]]))
 
 
 @needs_kernel

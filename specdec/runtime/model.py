@@ -154,8 +154,10 @@ class Embedding(nn.Embedding):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.weight.dim() == 4:
-            w = self.weight
-            x = w[tokens // 16, :, tokens % 16].reshape(*tokens.shape, -1)[..., :self.embedding_dim]
+            lo, hi = torch.aminmax(tokens) if tokens.numel() else (0, 0)
+            if lo < 0 or hi >= self.num_embeddings:  # a padded row or a negative index would not fail below
+                raise IndexError(f"token ids {int(lo)}..{int(hi)} outside the vocabulary 0..{self.num_embeddings - 1}")
+            x = self.weight[tokens // 16, :, tokens % 16].reshape(*tokens.shape, -1)[..., :self.embedding_dim]
         else:
             x = super().forward(tokens)
         return x if self.out_dtype is None or x.dtype == self.out_dtype else x.to(self.out_dtype)
