@@ -192,13 +192,12 @@ def load_transformer(folder: str | Path, dtype: torch.dtype | str = torch.float3
     _check_shapes(folder, model, state)
     model.load_state_dict(state, assign=True, strict=True)
     del state  # the model holds the weights now: repacking below frees each matrix as it goes
+    if tied and kernels.packs(path):  # the table once, in the head's layout; the embedding gathers from it
+        model.embed.pack()
     if tied:
         model.lm_head.weight = model.embed.weight
     if mixed:
         model.embed.out_dtype = torch.float32
-        if tied and kernels.packs(path):  # the table once, in the head's layout; the embedding gathers from it
-            model.embed.pack()
-            model.lm_head.weight = model.embed.weight
         for m in model.modules():
             if isinstance(m, Linear):
                 m.pack(path)  # one path for every forward of this model: decoding and verification agree

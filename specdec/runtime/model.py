@@ -89,8 +89,7 @@ class Linear(nn.Linear):
 
     def matrix(self) -> torch.Tensor:
         """The weight as [out, in] (unpacked, a copy, where `pack` replaced it)."""
-        w = self.weight.detach()
-        return kernels.unpack_bf16(w, self.out_features, self.in_features) if w.dim() == 4 else w
+        return kernels.unpack_bf16(self.weight.detach(), self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight.dtype == torch.bfloat16 and x.dtype == torch.float32:
@@ -149,8 +148,7 @@ class Embedding(nn.Embedding):
 
     def table(self) -> torch.Tensor:
         """The table as [vocab, dim] (unpacked, a copy, where `pack` replaced it)."""
-        w = self.weight.detach()
-        return kernels.unpack_bf16(w, self.num_embeddings, self.embedding_dim) if w.dim() == 4 else w
+        return kernels.unpack_bf16(self.weight.detach(), self.num_embeddings, self.embedding_dim)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.weight.dim() == 4:

@@ -266,10 +266,12 @@ def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
     return w.view(w.shape[0] // 16, 16, w.shape[1] // 2, 2).transpose(1, 2).contiguous()
 
 
-def unpack_bf16(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
-    """The [out, in] matrix of a `pack_bf16` layout (a copy)."""
-    g, p = packed.shape[:2]
-    return packed.transpose(1, 2).reshape(g * 16, p * 2)[:out_features, :in_features]
+def unpack_bf16(weight: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """The [out, in] matrix of a `pack_bf16` layout (a copy); a weight already [out, in] comes back as it is."""
+    if weight.dim() == 2:
+        return weight
+    g, p = weight.shape[:2]
+    return weight.transpose(1, 2).reshape(g * 16, p * 2)[:out_features, :in_features]
 
 
 def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -290,13 +292,9 @@ def linear_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
             raise ValueError(f"linear_bf16: x has {in_f} features, weight expects {weight.shape[1]}")
     path = path or matmul_path()
     if path == "torch" or x.dtype != torch.float32 or weight.dtype != torch.bfloat16 or _load() is None:
-        if weight.dim() == 4:
-            weight = unpack_bf16(weight, out_f, in_f)
-        return F.linear(x.float(), weight.float(), None if bias is None else bias.float())
-    if weight.dim() == 4 and not packs(path):
-        weight = unpack_bf16(weight, out_f, in_f)
-    elif weight.dim() == 2 and packs(path):
-        weight = pack_bf16(weight)
+        return F.linear(x.float(), unpack_bf16(weight, out_f, in_f).float(), None if bias is None else bias.float())
+    if (weight.dim() == 4) != packs(path):  # the other layout than this path takes: converted for this call
+        weight = pack_bf16(weight) if packs(path) else unpack_bf16(weight, out_f, in_f)
     if not x.is_contiguous():
         x = x.contiguous()
     if not weight.is_contiguous():
