@@ -84,9 +84,10 @@ static inline __attribute__((always_inline)) void weigh8(float (*acc)[DMAX], con
 }
 
 /* s[g][t] = qs[g] . k[t] for heads g < gp (<= 4) and keys t < nb8 (a multiple of 8); every K chunk is loaded
- * once for the gp heads. Called with literal gp so the partial sums stay in registers. */
+ * once for the gp heads. Called with literal gp so the partial sums stay in registers, and through `scores8`
+ * with a literal nd for head dims 64 and 128 (as score16). */
 static inline __attribute__((always_inline)) void score8(float (*qs)[DMAX], const float *const *kp, int nb8,
-                                                         float (*s)[BLK], int nd, const int gp) {
+                                                         float (*s)[BLK], const int nd, const int gp) {
     for (int t0 = 0; t0 < nb8; t0 += 8) {
         __m256 a[4][8];
         for (int u = 0; u < 8; u++) {
@@ -101,6 +102,19 @@ static inline __attribute__((always_inline)) void score8(float (*qs)[DMAX], cons
         }
         for (int g = 0; g < gp; g++) _mm256_store_ps(s[g] + t0, hsum8x8(a[g]));
     }
+}
+
+/* score8 with literal gp and, for head dims 64 and 128 (nd 8 and 16), literal nd. */
+static void scores8(float (*qs)[DMAX], const float *const *kp, int nb8, float (*s)[BLK], int nd, int gp) {
+#define SC(g)                                                                                         \
+    if (gp == g) {                                                                                    \
+        if (nd == 8) score8(qs, kp, nb8, s, 8, g);                                                    \
+        else if (nd == 16) score8(qs, kp, nb8, s, 16, g);                                             \
+        else score8(qs, kp, nb8, s, nd, g);                                                           \
+        return;                                                                                       \
+    }
+    SC(4) SC(3) SC(2) SC(1)
+#undef SC
 }
 
 /* One task: heads h0 .. h0+gc-1 (all on kv head kh) of row i of batch b. */
@@ -137,10 +151,7 @@ static void task(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const
         }
         for (int g0 = 0; g0 < gc; g0 += 4) {
             const int gp = gc - g0 < 4 ? gc - g0 : 4;
-            if (gp == 4) score8(qs + g0, kp, nb8, s + g0, nd, 4);
-            else if (gp == 3) score8(qs + g0, kp, nb8, s + g0, nd, 3);
-            else if (gp == 2) score8(qs + g0, kp, nb8, s + g0, nd, 2);
-            else score8(qs + g0, kp, nb8, s + g0, nd, 1);
+            scores8(qs + g0, kp, nb8, s + g0, nd, gp);
         }
         __m256 f[GMAX];
         for (int g = 0; g < gc; g++) {
@@ -208,9 +219,12 @@ T512 static inline __attribute__((always_inline)) void weigh16(float (*acc)[DMAX
 }
 
 /* s[g][t] = qs[g] . k[t] for heads g < gp and keys t < nb8 (a multiple of 8); every K chunk is loaded once
- * for the gp heads. Called with literal gp so the partial sums stay in registers. */
+ * for the gp heads. Called with literal gp so the partial sums stay in registers, and with a literal nd for the
+ * common head dims (`scores16`): the chunk loop then unrolls and the compiler interleaves the 8 keys' chains of
+ * dependent FMAs, which otherwise ran one key after another at the FMA's latency (the same operations in the
+ * same order: the bits do not change). */
 T512 static inline __attribute__((always_inline)) void score16(float (*qs)[DMAX], const float *const *kp, int nb8,
-                                                               float (*s)[BLK], int nd, const int gp) {
+                                                               float (*s)[BLK], const int nd, const int gp) {
     for (int t0 = 0; t0 < nb8; t0 += 8) {
         __m256 a[4][8];
         for (int u = 0; u < 8; u++) {
@@ -225,6 +239,19 @@ T512 static inline __attribute__((always_inline)) void score16(float (*qs)[DMAX]
         }
         for (int g = 0; g < gp; g++) _mm256_store_ps(s[g] + t0, hsum8x8(a[g]));
     }
+}
+
+/* score16 with literal gp and, for head dims 64 and 128 (nd 4 and 8), literal nd (as scores8). */
+T512 static void scores16(float (*qs)[DMAX], const float *const *kp, int nb8, float (*s)[BLK], int nd, int gp) {
+#define SC(g)                                                                                         \
+    if (gp == g) {                                                                                    \
+        if (nd == 4) score16(qs, kp, nb8, s, 4, g);                                                   \
+        else if (nd == 8) score16(qs, kp, nb8, s, 8, g);                                              \
+        else score16(qs, kp, nb8, s, nd, g);                                                          \
+        return;                                                                                       \
+    }
+    SC(4) SC(3) SC(2) SC(1)
+#undef SC
 }
 
 T512 static void task512(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const float *kb,
@@ -261,10 +288,7 @@ T512 static void task512(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_s
         const int per = (gc + (gc + 3) / 4 - 1) / ((gc + 3) / 4);  /* heads per pass, balanced: 6 -> 3 + 3 */
         for (int g0 = 0; g0 < gc; g0 += per) {
             const int gp = gc - g0 < per ? gc - g0 : per;
-            if (gp == 4) score16(qs + g0, kp, nb8, s + g0, nd, 4);
-            else if (gp == 3) score16(qs + g0, kp, nb8, s + g0, nd, 3);
-            else if (gp == 2) score16(qs + g0, kp, nb8, s + g0, nd, 2);
-            else score16(qs + g0, kp, nb8, s + g0, nd, 1);
+            scores16(qs + g0, kp, nb8, s + g0, nd, gp);
         }
         for (int g = 0; g < gc; g++) {
             for (int t = nb; t < nb16; t++) s[g][t] = -INFINITY;
