@@ -38,7 +38,8 @@ MODELS = {
 
 def load(src: str, folder: Path):
     so = folder / (Path(src).stem + f"-{len(list(folder.iterdir()))}.so")
-    subprocess.run(["gcc", *CFLAGS, src, "-o", str(so)], check=True)
+    headers = Path(__file__).resolve().parents[2] / "specdec/runtime/kernels"  # amx.h, scratch.h for a copy elsewhere
+    subprocess.run(["gcc", *CFLAGS, f"-I{headers}", src, "-o", str(so)], check=True)
     lib = ctypes.CDLL(str(so))
     _declare(lib)
     return lib
