@@ -2,6 +2,7 @@
 sampling keeps the target's distribution, and multi-token commits stop where plain decoding does."""
 
 import copy
+import random
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from specdec.decode import Request, decode
 from specdec.draft import Draft
 from specdec.drafters.base import Drafter
 from specdec.drafters.draft_model import DraftModel
-from specdec.drafters.prompt_lookup import PromptLookup, lookup
+from specdec.drafters.prompt_lookup import NgramIndex, PromptLookup, lookup, lookup_match
 from specdec.runtime.loader import load_transformer
 from specdec.sampling import SamplingParams, probs_from_logits
 from specdec.tokenizer import Tokenizer
@@ -95,6 +96,24 @@ def test_prompt_lookup_finds_the_latest_longest_match():
     assert lookup([5, 6, 7, 8, 5, 6], 3, max_n=3) == [7, 8, 5]
     assert lookup([1, 2, 3, 9, 1, 2, 4, 1, 2], 2) == [4, 1]  # the most recent [1, 2]
     assert lookup([1, 2, 3], 4) == []
+
+
+def test_the_ngram_index_answers_as_the_scan_does():
+    """NgramIndex (what PromptLookup and recycling probe) against lookup_match's scan, on growing lists of a few
+    token kinds (so matches at every n are common), with every n range, k = 0..6, and lists replaced or cut."""
+    rng = random.Random(0)
+    for _ in range(200):
+        vocab, max_n = rng.choice([2, 3, 5, 20]), rng.randint(1, 5)
+        min_n = rng.randint(1, max_n)
+        index, tokens = NgramIndex(max_n, min_n), [rng.randrange(vocab) for _ in range(rng.randint(0, 5))]
+        for _ in range(40):
+            k = rng.randint(0, 6)
+            assert index.match(tokens, k) == lookup_match(tokens, k, max_n, min_n), (tokens, k, max_n, min_n)
+            tokens.extend(rng.randrange(vocab) for _ in range(rng.randint(0, 4)))
+            if rng.random() < 0.05:  # another list, or this one cut short
+                tokens = tokens[:rng.randint(0, len(tokens))]
+            elif rng.random() < 0.05:
+                del tokens[rng.randint(0, len(tokens)):]
 
 
 def exact_two_token_law(env, ids, sampling):

@@ -9,7 +9,7 @@ across requests, so it holds what this target says after the pairs of tokens it 
 
 Tree. A fixed list of rank paths, best first (as Medusa's `medusa_choices`), cut to N nodes: path
 (r1, .., rd) is the rd-th candidate after the tokens of path (r1, .., r(d-1)). The prompt-lookup chain
-(`prompt_lookup.lookup_match`) comes first when the context's last two tokens or more recur, as deep as the
+(`prompt_lookup.NgramIndex`) comes first when the context's last two tokens or more recur, as deep as the
 round's k (adaptive k goes past N where copied text keeps being accepted); the recycled paths fill the
 nodes left of N, then a lookup matching the last token only. A path whose tokens are already in the
 tree is not repeated, so siblings are distinct tokens.
@@ -32,7 +32,7 @@ from typing import Sequence
 
 from specdec.draft import Draft
 from specdec.drafters.base import Context, Drafter, Outcome
-from specdec.drafters.prompt_lookup import lookup_match
+from specdec.drafters.prompt_lookup import NgramIndex
 
 # rank paths, best first (ordered by the acceptance measured in the offline replay above); then a deep chain
 PATHS: tuple[tuple[int, ...], ...] = (
@@ -64,6 +64,7 @@ class Recycling(Drafter):
         self.ranks = 1 + max(max(p) for p in self.paths)
         self.sizes = [min(nodes, sum(1 for p in self.paths if len(p) <= k)) for k in range(self.k_max + 1)]
         self.lookup_chain = lookup_chain
+        self.index = NgramIndex()  # the context's n-grams, for the lookup chain
         self.limit = limit
         self.table: dict = {}   # (prev, token) or token -> the target's top `ranks` next tokens, best first
         self.tail: list[int] | None = None  # the last two committed tokens (the next round's root and its predecessor)
@@ -90,7 +91,7 @@ class Recycling(Drafter):
             return Draft.empty()
         n_max, start = self.tree_nodes(k), tuple(ctx.tokens[-2:])
         # a lookup matching two tokens or more goes first, k deep; one matching a single token only fills in
-        chain, matched = lookup_match(ctx.tokens, k) if self.lookup_chain else ([], 0)
+        chain, matched = self.index.match(ctx.tokens, k) if self.lookup_chain else ([], 0)
         strong = tuple(chain) if matched >= 2 else ()
         weak = tuple(chain[:n_max]) if matched == 1 else ()
         index: dict[tuple[int, ...], int] = {(): -1}  # token path -> node
