@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.draft import Draft, children, path_to
+from specdec.runtime.kernels.ops import argmax  # torch.argmax's indices, faster on CPU logits
 from specdec.sampling import sample
 
 MODES = ("exact", "greedy", "typical")
@@ -187,7 +188,7 @@ def greedy_verify(p_or_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tupl
     """Accept while draft_tokens[i] == argmax(p_or_logits[i]); then emit the argmax at the
     first mismatch (or at position k, the bonus). Works on probabilities or logits [k+1, V]."""
     tokens = _check_chain(p_or_logits, None, draft_tokens, validate=False, p_name="p_or_logits")
-    top = p_or_logits.argmax(-1).cpu()  # [k+1]
+    top = argmax(p_or_logits).cpu()  # [k+1]
     k = tokens.numel()
     mismatch = (tokens != top[:k]).nonzero()
     n = int(mismatch[0]) if mismatch.numel() else k
@@ -317,10 +318,10 @@ def _walk_tree(draft: Draft, p: torch.Tensor, generator, mode: str) -> tuple[lis
         cands = kids[node + 1]
         row = p[node + 1]
         if not cands:
-            last = row.argmax().view(1) if mode == "greedy" else sample(row, generator)
+            last = argmax(row).view(1) if mode == "greedy" else sample(row, generator)
             return path, last.cpu()
         if mode == "greedy":
-            top = int(row.argmax())
+            top = int(argmax(row))
             chosen = next((c for c in cands if tokens[c] == top), None)
             if chosen is None:
                 return path, torch.tensor([top])

@@ -100,3 +100,20 @@ def test_fused_layers_off_the_exact_path(tmp_path):
     from tests.tiny import save_tiny
 
     assert load_transformer(save_tiny("qwen2", tmp_path), torch.float32).fused_layers is None
+
+
+def test_argmax_gives_torch_indices_ties_nans_and_views():
+    """ops.argmax (greedy verification's) against torch.argmax: the first maximal index, a NaN counting as
+    maximal, rows of every length (whole octets and tails), all -inf, 1-D rows and strided views."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(600):
+        n = 49152 if trial % 50 == 0 else int(torch.randint(1, 40, (1,), generator=g))
+        x = torch.randint(-2, 3, (int(torch.randint(1, 6, (1,), generator=g)), n), generator=g).float()  # ties
+        if trial % 4 == 0:
+            x[torch.rand(x.shape, generator=g) < 0.1] = float("nan")
+        if trial % 9 == 0:
+            x[:] = float("-inf")
+        if trial % 7 == 0 and n > 1:
+            x = x[:, 1:]  # row stride past the row's length
+        assert torch.equal(ops.argmax(x), x.argmax(-1)), x
+        assert torch.equal(ops.argmax(x[-1]), x[-1].argmax()), x[-1]

@@ -23,6 +23,7 @@ import torch
 from specdec.draft import Draft
 from specdec.drafters.base import Context, Drafter, cache_slots, common_prefix, sync_prefix
 from specdec.errors import SpecdecError
+from specdec.runtime.kernels.ops import argmax
 from specdec.runtime.model import Transformer
 from specdec.sampling import probs_from_logits, sample
 
@@ -78,7 +79,7 @@ class DraftModel(Drafter):
         for i in range(k):
             logits = logits[:self.shared]
             if ctx.sampling.greedy:
-                t = int(logits.argmax())
+                t = int(argmax(logits))
             else:
                 q = probs_from_logits(logits, ctx.sampling)
                 t = int(sample(q, ctx.generator))

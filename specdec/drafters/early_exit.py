@@ -32,6 +32,7 @@ import torch
 from specdec.adaptive import AdaptiveK
 from specdec.draft import Draft
 from specdec.drafters.base import Context, Drafter, cache_slots, sync_prefix
+from specdec.runtime.kernels.ops import argmax
 from specdec.runtime.kv_cache import KVCache
 from specdec.runtime.model import ROW_EXACT_MAX, ForwardOutput, Transformer
 from specdec.sampling import probs_from_logits, sample
@@ -140,7 +141,7 @@ class EarlyExit(Drafter):
         tokens, qs, hidden = [], [], [h]
         for i in range(k):
             if ctx.sampling.greedy:
-                t = int(logits.argmax())
+                t = int(argmax(logits))
             else:
                 q = probs_from_logits(logits, ctx.sampling)  # [V]
                 t = int(sample(q, ctx.generator))

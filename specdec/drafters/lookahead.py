@@ -39,6 +39,7 @@ import torch
 from specdec.draft import Aux, Draft
 from specdec.drafters.base import Context, Drafter, Outcome
 from specdec.drafters.prompt_lookup import lookup
+from specdec.runtime.kernels.ops import argmax
 
 MAX_WINDOW, MAX_NGRAM, MAX_GUESSES = 64, 16, 64  # bounds on the flags: beyond them a forward is all overhead
 
@@ -181,7 +182,7 @@ class Lookahead(Drafter):
         if outcome.aux_logits is None or not self.sent:
             return
         cols, depth = self.sent, len(self.levels)
-        newest = outcome.aux_logits[(depth - 1) * cols:].argmax(-1).tolist()
+        newest = argmax(outcome.aux_logits[(depth - 1) * cols:]).tolist()
         new = newest + self.levels[-1][cols:]   # columns not sent keep their last guess
         if depth < self.ngram - 1:             # still filling the window's levels
             self.levels.append(new)
