@@ -99,8 +99,11 @@ def test_grow_keeps_the_cached_positions():
     cache = KVCache(2, 1, 2, 4, 3)
     cache.write(1, torch.ones(1, 2, 3, 3), torch.full((1, 2, 3, 3), 2.0), 0)
     cache.length = 3
+    before = cache.pointers()
     cache.grow(10)
     assert cache.max_len == 10 and cache.k[1].shape[2] == 10 and cache.length == 3
+    # the fused layers' addresses follow the new tensors
+    assert cache.pointers() == [t.data_ptr() for t in (cache.k[0], cache.v[0], cache.k[1], cache.v[1])] != before
     assert bool((cache.k[1][:, :, :3] == 1).all()) and bool((cache.v[1][:, :, :3] == 2).all())
     cache.grow(5)
     assert cache.max_len == 10

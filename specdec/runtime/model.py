@@ -328,7 +328,7 @@ class FusedLayers:
             r = plan.rows
             segs += [row0, n, start, cache.max_len, r.prefix.data_ptr(), r.offs.data_ptr(), r.extra.data_ptr(),
                      cos.data_ptr(), sin.data_ptr(), int(prefill)]
-            kv += [t.data_ptr() for i in range(layers) for t in (cache.k[i], cache.v[i])]
+            kv += cache.pointers()[:2 * layers]
         out = [hidden[i].data_ptr() if i in hidden else 0 for i in range(layers)]
         ops.forward_layers(self.desc, segs, kv, out, x, self.dims + [x.shape[1], layers, len(segments)], self.eps,
                            self.isas + [torch.get_num_threads(), self.prefill_isa], self.fns)
