@@ -96,6 +96,7 @@ class Draft:
     def __post_init__(self) -> None:
         self.tokens = _as_long_1d(self.tokens, "tokens")
         self.parents = check_parents(self.parents)
+        self._chain: bool | None = None  # `is_chain`, once asked (a round asks 4 times a request)
         if self.parents.numel() != self.tokens.numel():
             raise ValueError(
                 f"parents has {self.parents.numel()} entries but tokens has {self.tokens.numel()}"
@@ -115,7 +116,9 @@ class Draft:
     def chain(cls, tokens: Sequence[int] | torch.Tensor, q: torch.Tensor | None = None) -> "Draft":
         """A linear draft: node i's parent is node i-1 (the first node hangs off the root)."""
         t = _as_long_1d(tokens, "tokens")
-        return cls(t, torch.arange(t.numel()) - 1, q)
+        draft = cls(t, torch.arange(t.numel()) - 1, q)
+        draft._chain = True
+        return draft
 
     @classmethod
     def empty(cls) -> "Draft":
@@ -134,7 +137,9 @@ class Draft:
 
     @property
     def is_chain(self) -> bool:
-        return bool(torch.equal(self.parents, torch.arange(len(self)) - 1))
+        if self._chain is None:
+            self._chain = bool(torch.equal(self.parents, torch.arange(len(self)) - 1))
+        return self._chain
 
 
 def depths(parents) -> torch.Tensor:
