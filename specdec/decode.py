@@ -94,9 +94,15 @@ class Chunk:
     result: Result | None = None  # set on the final chunk only
 
 
+DETOKENIZE_WINDOW = 4  # tokens decoded before the new ones, for context (`Stopper._decoded`)
+
+
 class Stopper:
     """Commits tokens one by one and decides when generation ends: EOS (not part of the text),
-    a stop string (the text is cut before it), or max_new_tokens."""
+    a stop string (the text is cut before it), or max_new_tokens.
+
+    Its text is the tokenizer's decode of the tokens so far, kept up to date without decoding all of them
+    at every token (a whole decode costs ~0.4 us a token: 3 ms a token at 8000 tokens; `_decoded`)."""
 
     def __init__(self, tokenizer: Tokenizer, request: Request):
         self.tok, self.request = tokenizer, request
@@ -105,6 +111,28 @@ class Stopper:
         self.emitted = 0
         self.finish_reason: str | None = None
         self.holdback = max((len(s) for s in request.stop), default=1) - 1
+        self._at, self._head, self._context = 0, "", ""  # ids[:_at] decode to _head (whole characters)
+        self._whole = False  # the increments once missed a whole decode: decode everything from then on
+
+    def _decoded(self) -> str:
+        """decode(ids) from the tokens after `_at` only (vLLM's incremental detokenization): decode them with
+        DETOKENIZE_WINDOW tokens before them and drop the text those give alone (a tokenizer may drop a
+        leading space, or cut a character, at the start of what it decodes). `_at` moves up whenever the text
+        ends on a whole character. At every power-of-two length the result is checked against a whole decode;
+        a tokenizer whose pieces do not add up is then decoded whole. Example (byte tokens, "aé" then "b"):
+        ids [a, é0, é1] decode to "aé" (_at = 3); pushing b decodes [a, é0, é1, b] = "aéb" minus "aé" = "b"."""
+        ids, n = self.ids, len(self.ids)
+        if self._whole:
+            return self.tok.decode(ids)
+        window = self.tok.decode(ids[max(0, self._at - DETOKENIZE_WINDOW):])
+        text = self._head + window[len(self._context):] if window.startswith(self._context) else None
+        if text is None or n & (n - 1) == 0:
+            whole = self.tok.decode(ids)
+            self._whole, text = text != whole, whole
+        if not text.endswith("\ufffd"):
+            self._at, self._head = n, text
+            self._context = self.tok.decode(ids[max(0, n - DETOKENIZE_WINDOW):])
+        return text
 
     def push(self, token: int) -> bool:
         """Commit one token; True when generation is finished."""
@@ -112,9 +140,11 @@ class Stopper:
             raise RuntimeError("push after finish")
         self.ids.append(token)
         eos = token in self.tok.eos_ids
-        if not eos:  # EOS is not part of the text
-            self.text = self.tok.decode(self.ids)
         final = eos or len(self.ids) >= self.request.max_new_tokens
+        if final:  # a whole decode once: the final text is exactly the tokenizer's
+            self.text = self.tok.decode(self.ids[:-1] if eos else self.ids)  # EOS is not part of the text
+        else:
+            self.text = self._decoded()
         # U+FFFD at the end may be a character still half-decoded: until the text is final, stop strings
         # see only its complete characters (so a stop string containing U+FFFD matches only a real one)
         seen = self.text if final else self.text.rstrip("\ufffd")

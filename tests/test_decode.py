@@ -94,6 +94,42 @@ def test_stop_string_with_u_fffd_ignores_half_decoded_characters():
     assert s.finish_reason == "stop" and s.text == "a"
 
 
+class Counting:
+    """A tokenizer's decode, counting the tokens it was handed."""
+
+    def __init__(self, tok):
+        self.tok, self.eos_ids, self.decoded = tok, frozenset(), 0
+
+    def decode(self, ids):
+        self.decoded += len(ids)
+        return self.tok.decode(ids)
+
+
+def pushes_decode_whole(tok, ids):
+    """Push ids one by one (no stop rule can fire): the text equals a whole decode after every token; returns
+    the tokens the tokenizer decoded in all."""
+    counting = Counting(tok)
+    s = Stopper(counting, Request(max_new_tokens=len(ids) + 1))
+    for i, t in enumerate(ids):
+        assert not s.push(t)
+        assert s.text == tok.decode(ids[:i + 1]), (ids[:i + 1], s.text)
+    return counting.decoded
+
+
+def test_stopper_text_is_the_whole_decode_after_every_token(tiny_folder):
+    """The incremental text (`Stopper._decoded`) against a whole decode at every token: byte tokens with
+    characters of 2-4 bytes cut anywhere, and the tiny character tokenizer with its specials; 600 tokens
+    decode ~11 each (a whole decode every time: ~300)."""
+    g = torch.Generator().manual_seed(0)
+    text = "aé€😀 b\n" * 80
+    ids = list(text.encode())
+    ids[100:103] = [0xFF, 0xC3, ord("x")]  # invalid and cut-short sequences, real U+FFFDs
+    assert pushes_decode_whole(ByteTok(), ids) < 20 * len(ids)
+    tok = Tokenizer(tiny_folder)
+    ids = torch.randint(0, 96, (600,), generator=g).tolist()  # <unk>, <s>, </s> among characters
+    assert pushes_decode_whole(tok, ids) < 20 * len(ids)
+
+
 def test_context_overflow_and_bad_requests(tiny):
     model, tok, _ = tiny
     with pytest.raises(SpecdecError, match="context"):

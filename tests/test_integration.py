@@ -74,3 +74,16 @@ def test_batched_engine_keeps_greedy_output_on_smollm2(smol, dtype):
     while engine.busy:
         engine.step()
     assert [got[n] for n in range(len(ids))] == refs
+
+
+def test_stopper_text_is_the_whole_decode_on_smollm2s_tokenizer(smol):
+    """SmolLM2's byte-level BPE: the incremental text equals a whole decode after every token, on text with
+    multi-byte characters and on random ids (special tokens among them)."""
+    from specdec.tokenizer import Tokenizer
+    from tests.test_decode import pushes_decode_whole
+
+    tok = Tokenizer(smol)
+    ids = tok.encode("def f(x):\n    return x  # ünïcödé, 漢字, emoji 🎉🎉\n" * 6, chat=False)
+    assert pushes_decode_whole(tok, ids) < 20 * len(ids)
+    g = torch.Generator().manual_seed(0)
+    pushes_decode_whole(tok, torch.randint(0, tok.vocab_size, (300,), generator=g).tolist())

@@ -19,6 +19,8 @@ PYTHONPATH=. .venv/bin/python benchmarks/kernel/step_ab.py attention /tmp/attent
 # prompt lookup's proposals and the argmax (lookup-bench.txt, argmax-bench.txt)
 PYTHONPATH=. .venv/bin/python benchmarks/s18/lookup_bench.py
 PYTHONPATH=. .venv/bin/python benchmarks/s18/argmax_bench.py
+# the stop rule's text over 8000 tokens, incremental and whole (stopper-bench.txt)
+for a in "" --whole; do PYTHONPATH=. .venv/bin/python benchmarks/s18/stopper_bench.py $a; done
 # the Python-side changes, old and new code in one process
 PYTHONPATH=. .venv/bin/python benchmarks/s18/decode_ab.py --dtype q4 --prompts spec-bench --limit 13
 PYTHONPATH=. .venv/bin/python benchmarks/s18/engine_ab.py 16 8 32 auto    # engine-ab-16-auto.txt
