@@ -27,7 +27,8 @@ for r in 1 2; do for d in /tmp/old .; do (cd $d && PYTHONPATH=$d $OLDPWD/.venv/b
 git show 031c3ae:specdec/runtime/kernels/attention.c > /tmp/attention_old.c
 for a in "--model smollm2-135m --dtype q4 --context 256" "--model smollm2-135m --dtype q4 --context 1024" \
          "--model smollm2-135m --dtype bf16 --context 256" "--model qwen2.5-coder-1.5b --dtype q4 --context 256 --sweeps 8 --steps 8"; do
-    PYTHONPATH=. .venv/bin/python benchmarks/s17/attention_ab.py /tmp/attention_old.c specdec/runtime/kernels/attention.c $a
+    PYTHONPATH=. .venv/bin/python benchmarks/kernel/step_ab.py attention /tmp/attention_old.c \
+        specdec/runtime/kernels/attention.c --n 1 $a   # session 17 ran benchmarks/s17/attention_ab.py (git show 4e3981f:...)
 done
 # the final code's probe, every path (probe-smollm2-bf16-final.txt)
 for r in 1 2; do .venv/bin/specdec probe --model smollm2-135m --dtype bf16 --repeats 7; done
