@@ -18,8 +18,9 @@
  *   silu(g) = g / (1 + exp(-g)), exp from vexp.h (Cephes' expf, as attention's softmax), every element
  *   by the same instructions (a row's tail goes through the same 8-lane code), so its bits depend only on g, u.
  * argmax_rows: torch.argmax over each row (the first maximal index; a NaN counts as maximal, the first one
- *   wins): a greedy round's choice of token. torch's took 60-70 us for one row of SmolLM2's 49152 logits and
- *   290 for five, 5% of a q4 decoding step; two vector passes here (the max, then its first index) take a few.
+ *   wins): a greedy round's choice of token. torch's took 92 us for one row of SmolLM2's 49152 logits and 266
+ *   for five (a round of k = 4: 4% of a q4 decoding step); two vector passes here (the max, then its first
+ *   index), called from Python, take 20 and 58 (benchmarks/s18/argmax-bench.txt).
  * forward_layers: a decoder's layers in one call (see there): the same C functions in the same order as
  *   `model.Block.forward` calls them one by one from Python, so the same bits, without ~150 us of Python and
  *   torch dispatch per layer (a 1.5B q4 decode step: ~5 ms of ~45).
