@@ -33,6 +33,9 @@ PYTHONPATH=. .venv/bin/python benchmarks/s16/engine_ab.py smollm2-135m 8 6 24 mo
 .venv/bin/specdec probe --model smollm2-135m --dtype q4
 .venv/bin/specdec loadtest --serve auto,always,never --model smollm2-135m --concurrency 1,2,4,8,16 --repeat 3 \
     --max-tokens 64 --prompts spec-bench --out benchmarks/s18/serve-smollm2
+# ... and once more with the final code (serve-smollm2-2/)
+.venv/bin/specdec loadtest --serve auto,always,never --model smollm2-135m --concurrency 1,2,4,8,16 --repeat 3 \
+    --max-tokens 64 --prompts spec-bench --out benchmarks/s18/serve-smollm2-2
 # #16's probes with the final code (probe-*.txt)
 .venv/bin/specdec probe --model smollm2-135m --dtype bf16 --repeats 7
 .venv/bin/specdec probe --model qwen2.5-coder-1.5b --dtype bf16
