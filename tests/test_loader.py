@@ -81,3 +81,12 @@ def test_tied_head_without_lm_head_loads(folder):
     edit_config(folder, tie_word_embeddings=True)
     model = load_transformer(folder)
     assert model.lm_head.weight is model.embed.weight
+
+
+def test_dtype_by_name_or_a_clear_error(folder):
+    """load_transformer takes the CLI's dtype names as well as torch dtypes; an unknown one is one clear error."""
+    import torch
+
+    assert load_transformer(folder, "fp32").embed.weight.dtype == torch.float32
+    with pytest.raises(SpecdecError, match="unknown dtype 'bf17'"):
+        load_transformer(folder, "bf17")

@@ -144,9 +144,12 @@ def prefill_path(model: Transformer) -> str:
 
 def load_transformer(folder: str | Path, dtype: torch.dtype | str = torch.float32,
                      device: torch.device | str = "cpu") -> Transformer:
-    """The model in `folder` with weights in `dtype` (`resolve_dtype`) on `device` (`resolve_device`): on a GPU
-    every weight is `dtype` and torch's kernels run it; on the CPU bf16 matmul weights take the kernel's path."""
+    """The model in `folder` with weights in `dtype` (a torch dtype, or a name `resolve_dtype` takes: "bf16",
+    "q4", "auto", ...) on `device` (`resolve_device`): on a GPU every weight is `dtype` and torch's kernels run it;
+    on the CPU bf16 matmul weights take the kernel's path."""
     folder, device = Path(folder), torch.device(device)
+    if isinstance(dtype, str) and dtype not in QUANTIZED:
+        dtype = resolve_dtype(dtype, folder, device)
     if dtype in QUANTIZED:
         if device.type != "cpu":
             raise SpecdecError(f"--dtype {dtype} runs on specdec's CPU kernels only; use bf16 or fp32 on {device}")
