@@ -26,7 +26,7 @@ from specdec.drafters import METHODS  # noqa: F401 - specdec.api.METHODS, read b
 from specdec.drafters.base import Drafter
 from specdec.options import (NEEDS_DRAFT, GenerationOptions, LookaheadConfig, OptionError, check_exit_layer,
                              check_k, check_method, check_prompt, check_setup)
-from specdec.runtime.loader import load_transformer, resolve_device, resolve_dtype
+from specdec.runtime.loader import KV_DTYPES, load_transformer, resolve_device, resolve_dtype
 from specdec.tokenizer import Tokenizer
 
 
@@ -38,22 +38,25 @@ class LLM:
     method "draft"; `datastore`: retrieval's folder; `exit_layer`: early exit's layer or "auto";
     `sources`: hybrid's drafters in order; `lookahead`: a `LookaheadConfig` (or "auto", or the older
     tuple (W, N, G[, pool])); `device`: "cpu" or "cuda[:N]" (the weights and KV cache on a GPU, torch's
-    kernels; the loop, drafts and sampling stay on the host). These settings are checked before the model
-    loads."""
+    kernels; the loop, drafts and sampling stay on the host); `kv_dtype`: "auto" (fp16 on the exact CPU paths, else
+    the activations' dtype), "fp16" or "fp32". These settings are checked before the model loads."""
 
     def __init__(self, model: str = "smollm2-135m", dtype: str | None = None, pull: bool = True,
                  draft: str | None = None, datastore: str | None = None, exit_layer: int | str = "auto",
                  sources: Sequence[str] | str = ("prompt-lookup", "draft"),
                  lookahead: LookaheadConfig | str | tuple = "auto", heads: str | None = None, tree: str = "auto",
-                 tree_nodes: int | None = None, device: str = "cpu"):
+                 tree_nodes: int | None = None, device: str = "cpu", kv_dtype: str = "auto"):
         from specdec.store import resolve
 
         check_setup(draft=draft, sources=sources, exit_layer=exit_layer, lookahead=lookahead)
+        if kv_dtype not in KV_DTYPES:
+            raise OptionError(f"unknown KV-cache dtype {kv_dtype!r}: choose one of {', '.join(KV_DTYPES)}")
+        self.kv_dtype = kv_dtype
         self.device = resolve_device(device)
         self.name = model
         self.folder: Path = resolve(model, pull=pull)
         self.dtype: torch.dtype | str = resolve_dtype(dtype, self.folder, self.device)
-        self.model = load_transformer(self.folder, self.dtype, self.device)
+        self.model = load_transformer(self.folder, self.dtype, self.device, kv_dtype)
         self.tokenizer = Tokenizer(self.folder)
         self.draft_name = draft
         self.datastore = datastore
@@ -133,7 +136,7 @@ class LLM:
         if self._draft is None:
             folder = resolve(self.draft_name, pull=True)
             shared = check_same_tokenizer(self.tokenizer, Tokenizer(folder))
-            model = load_transformer(folder, self.dtype, self.device)
+            model = load_transformer(folder, self.dtype, self.device, self.kv_dtype)
             weights = model.num_weights() / self.model.num_weights()
             self._draft = DraftModel(model, self.model.cfg.vocab_size, shared, tau_prior=weights)
         return self._draft

@@ -194,9 +194,12 @@ def probe(model: Transformer, name: str = "", context: int = 256, sizes=SIZES, r
 
 
 def dtype_key(model: Transformer) -> str:
-    """The name a model's probe is cached under beside its own: its dtype ("bf16", "q4"), with the device
-    when that is not the CPU ("bf16@cuda"), so a GPU's curve never stands in for a CPU's."""
+    """The name a model's probe is cached under beside its own: its dtype ("bf16", "q4"), with a KV-cache dtype
+    chosen by hand ("q4+kv-float32": `--kv-dtype`) and the device when that is not the CPU ("bf16@cuda"), so a
+    GPU's curve never stands in for a CPU's."""
     name = str(model.dtype).replace("torch.", "")
+    if model.kv_choice is not None:
+        name += "+kv-" + str(model.kv_choice).replace("torch.", "")
     return name if model.device.type == "cpu" else f"{name}@{model.device.type}"
 
 

@@ -70,6 +70,25 @@ def test_rows_equal_single_row_calls(H, Hk, D, layout, threads, use):
         torch.testing.assert_close(out[:, i], ref[:, :, 0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("H, Hk, D", SHAPES)
+@pytest.mark.parametrize("use", ISAS)
+def test_an_fp16_cache_reads_as_its_fp32_widening(H, Hk, D, use):
+    """An fp16 KV cache (`--kv-dtype fp16`, the exact CPU paths' default) gives, bit for bit, what the same call
+    gives over an fp32 cache holding the widened fp16 values: the kernel's only change is the load (so every
+    property the fp32 tests show, row-for-row exactness included, holds for fp16). Batches, a tree's extra
+    slots and 13 rows crossing a 64-key block exercise the pointer arithmetic of 2-byte keys."""
+    if use == "avx512" and D % 16:
+        pytest.skip("the AVX512 path takes head dims that are multiples of 16")
+    start, n = 70, 13
+    q, keys, values, g = inputs(H, Hk, D, start, n, seed=H * D, B=2)
+    rows = attention.Rows.from_paths(random_paths(n, g, tree=True), start)
+    k16, v16 = (keys * 4).half(), (values * 4).half()  # beyond [-1, 1]: rounding at every magnitude
+    out = attention.attend(q, k16, v16, rows, 2, use)
+    assert out.dtype == torch.float32
+    assert torch.equal(out, attention.attend(q, k16.float(), v16.float(), rows, 2, use))
+    assert not torch.equal(out, attention.attend(q, keys * 4, values * 4, rows, 2, use))  # the rounding is real
+
+
 def test_batch_rows_are_their_own():
     """B > 1: each batch element attends over its own cache, bit-identical to its call alone."""
     q, keys, values, _ = inputs(9, 3, 64, 30, 5, seed=7, B=3)
@@ -88,6 +107,7 @@ def test_unsupported_shapes_are_refused():
     assert attention.supports(q, keys)
     assert not attention.supports(q[..., :12], keys[..., :12])  # head dim not a multiple of 8
     assert not attention.supports(q.double(), keys.double())
+    assert attention.supports(q, keys.half()) and not attention.supports(q, keys.bfloat16())
     assert not attention.supports(q[:, :3], keys)  # 3 query heads on 4 KV heads
 
 

@@ -73,6 +73,18 @@ def test_chain_verifies_bit_identically(model):
     check_layout(model, Draft.chain([5, 9, 11, 40, 7, 7, 30]), root=12)
 
 
+def test_an_fp32_cache_verifies_bit_identically_too(model, monkeypatch):
+    """The exact path keeps its KV cache in fp16 unless `--kv-dtype fp32` asks (the tests above ran fp16): a chain
+    and a tree stay bit-identical to single positions over an fp32 cache, whose logits differ from fp16's."""
+    assert model.new_cache(8).k[0].dtype == torch.float16
+    half = singles(model, context(), [12, 5])
+    monkeypatch.setattr(model, "kv_choice", torch.float32)
+    assert model.new_cache(8).k[0].dtype == torch.float32
+    assert not torch.equal(singles(model, context(), [12, 5]), half)
+    check_layout(model, Draft.chain([5, 9, 11, 40, 7, 7, 30]), root=12)
+    check_layout(model, trie([(20, 21, 22), (20, 23, 24), (30, 31, 32)], 3), root=17)
+
+
 def test_tree_verifies_bit_identically(model):
     g = torch.Generator().manual_seed(1)
     candidates = [tuple(torch.randint(3, VOCAB, (4,), generator=g).tolist()) for _ in range(5)]

@@ -262,7 +262,7 @@ def test_model_layout_and_whole_forward_bit_exact(tiny_folder, path, monkeypatch
         assert p.dtype == want, name
     ids = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(5))
     cache = model.new_cache(64)
-    assert cache.k[0].dtype == torch.float32
+    assert cache.k[0].dtype == torch.float16  # the exact CPU path's KV cache (`--kv-dtype auto`)
     model(ids[:, :8], cache)  # prefill
     chain = model(ids[:, 8:], cache).logits  # a 16-position chain after a context
     cache = model.new_cache(64)

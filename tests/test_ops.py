@@ -14,19 +14,23 @@ pytestmark = pytest.mark.skipif(not ops.available(), reason="the fused-ops kerne
 
 
 @pytest.mark.parametrize("B,n,H,Hk,D", [(1, 1, 12, 2, 128), (2, 5, 4, 4, 16), (1, 7, 9, 3, 64)])
-def test_rope_store_gives_torch_bits(B, n, H, Hk, D):
+@pytest.mark.parametrize("kv", [torch.float32, torch.float16])
+def test_rope_store_gives_torch_bits(B, n, H, Hk, D, kv):
+    """q rotated in place, k rotated and v copied into the cache: torch's bits; into an fp16 cache, rounded as
+    torch's assignment into an fp16 tensor rounds (to nearest, ties to even)."""
     g = torch.Generator().manual_seed(n)
     qkv = torch.randn(B, n, (H + 2 * Hk) * D, generator=g) * 3
     angles = torch.rand(B, n, D // 2, generator=g) * 100
     cos, sin = torch.cat([angles.cos()] * 2, -1)[:, None], torch.cat([angles.sin()] * 2, -1)[:, None]
     start, S = 3, 16
-    mine, ref = KVCache(1, B, Hk, S, D), KVCache(1, B, Hk, S, D)
+    mine, ref = KVCache(1, B, Hk, S, D, dtype=kv), KVCache(1, B, Hk, S, D, dtype=kv)
     q, k, v = qkv.split([H * D, Hk * D, Hk * D], dim=-1)
     want_q = rotate(q.reshape(B, n, H, D).transpose(1, 2), cos, sin)
     ref.write(0, rotate(k.reshape(B, n, Hk, D).transpose(1, 2), cos, sin), v.reshape(B, n, Hk, D).transpose(1, 2), start)
     got_q = ops.rope_store(qkv.clone(), cos, sin, mine, 0, start, H, Hk)
     assert torch.equal(got_q, want_q)
     assert torch.equal(mine.k[0], ref.k[0]) and torch.equal(mine.v[0], ref.v[0])
+    assert mine.k[0][:, :, start:start + n].abs().sum() > 0  # written
 
 
 @pytest.mark.parametrize("d", [576, 1536, 13])  # SmolLM2, Qwen 1.5B, a tail that is not a multiple of 8

@@ -16,7 +16,8 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    from specdec.commands.generate import DEVICE_HELP, DTYPE_HELP, DTYPES, add_lookahead_args, add_medusa_args, parse_k
+    from specdec.commands.generate import (DEVICE_HELP, DTYPE_HELP, DTYPES, KV_DTYPE_HELP, KV_DTYPES, add_lookahead_args,
+                                          add_medusa_args, parse_k)
 
     p = sub.add_parser(
         "bench", help="benchmark decoding methods on prompt sets (Spec-Bench, HumanEvalFix)",
@@ -64,6 +65,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed for sampling, ours and HF's (default 0)")
     p.add_argument("--dtype", default="auto", choices=DTYPES,
                    help=DTYPE_HELP + "; HF runs the same weights in the same dtype (bf16 for q8/q4)")
+    p.add_argument("--kv-dtype", default="auto", choices=KV_DTYPES, help=KV_DTYPE_HELP)
     p.add_argument("--k", type=parse_k, default="auto", metavar="auto|N",
                    help="draft length: auto (adaptive, the default) or a fixed N")
     p.add_argument("--device", default="cpu", metavar="cpu|cuda[:N]", help=DEVICE_HELP + " (--compare-hf and "
@@ -110,6 +112,8 @@ def command_line(args) -> str:
         parts += ["--limit", str(args.limit)]
     parts += ["--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
               "--top-p", str(args.top_p), "--seed", str(args.seed), "--dtype", args.dtype, "--k", str(args.k)]
+    if args.kv_dtype != "auto":
+        parts += ["--kv-dtype", args.kv_dtype]
     if args.device != "cpu":
         parts += ["--device", args.device]
     for flag in ("heads", "tree", "tree_nodes"):
@@ -158,7 +162,7 @@ def run(args) -> int:
         resolve(args.draft, pull=True)  # an unknown draft model fails now, not after loading the target
     from specdec.commands.generate import medusa_kwargs
 
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, draft=args.draft, datastore=args.datastore,
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, kv_dtype=args.kv_dtype, draft=args.draft, datastore=args.datastore,
               sources=args.sources, lookahead=lookahead_arg(args), **medusa_kwargs(args))
     dtype = str(llm.dtype).replace("torch.", "")
     settings = runner.BenchSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,

@@ -80,7 +80,7 @@ def run(args) -> int:
         except ValueError:
             raise ValueError(f"--layers must be comma-separated integers, got {args.layers!r}") from None
     prompts = [t for f in args.prompts for t in read_prompts(f, args.limit)] or list(DEFAULT_PROMPTS)
-    llm = LLM(args.model, dtype=args.dtype, device=args.device)
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, kv_dtype=args.kv_dtype)
     say = None if args.json else (lambda s: print(f"  {s}", file=sys.stderr, flush=True))
     report = measure_exit_layers(llm, prompts, layers, k=args.k, max_new_tokens=args.max_new_tokens,
                                  reuse=args.reuse, progress=say)

@@ -15,6 +15,10 @@ DTYPE_HELP = ("weights: bf16 (bf16 weights through specdec's kernel with fp32 su
               "cached); auto (default) = q4 for a 4-bit GGUF, else bf16 when a bf16 path works, else fp32")
 
 
+KV_DTYPES = ["auto", "fp16", "fp32"]  # specdec.runtime.loader.KV_DTYPES (not imported: --help stays torch-free)
+KV_DTYPE_HELP = ("the KV cache's element type: auto (default) = fp16 on the CPU's exact paths (q4, q8, bf16 through "
+                 "specdec's kernels: half the bytes attention reads each step, as llama.cpp's default), else the "
+                 "activations' dtype; fp32 keeps full precision")
 DEVICE_HELP = ("cpu (default) or cuda[:N]: the weights and KV cache on a GPU through torch's kernels (bf16 or "
                "fp32; auto = bf16), the loop, drafts and sampling on the host; medusa and eagle run on cpu only")
 
@@ -24,6 +28,7 @@ def add_model_args(p: argparse.ArgumentParser, device: bool = True) -> None:
                    help="known model name (see `specdec models`), a Hugging Face folder or a .gguf file "
                         "(default: smollm2-135m)")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
+    p.add_argument("--kv-dtype", default="auto", choices=KV_DTYPES, help=KV_DTYPE_HELP)
     if device:
         p.add_argument("--device", default="cpu", metavar="cpu|cuda[:N]", help=DEVICE_HELP)
 
@@ -177,7 +182,7 @@ def run(args) -> int:
 
     from specdec.api import LLM
 
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, datastore=args.datastore, **setup, **medusa_kwargs(args))
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, kv_dtype=args.kv_dtype, datastore=args.datastore, **setup, **medusa_kwargs(args))
     result = None
     for chunk in llm.chunks(prompt, **kwargs):
         if not args.json and chunk.text:

@@ -32,7 +32,7 @@ def modes_arg(value: str) -> list[str]:
 
 
 def register(sub) -> None:
-    from specdec.commands.generate import DTYPES
+    from specdec.commands.generate import DTYPES, KV_DTYPES
 
     p = sub.add_parser("loadtest", help="measure a local `specdec serve` under concurrent streaming load",
                        description="For each concurrency level, send --requests streaming chat requests (greedy) with "
@@ -48,6 +48,7 @@ def register(sub) -> None:
                    help="model name to request (default: the server's; with --serve: the model to serve, "
                         "default smollm2-135m)")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="with --serve: the weights' dtype")
+    p.add_argument("--kv-dtype", default="auto", choices=KV_DTYPES, help="with --serve: the KV cache's dtype")
     p.add_argument("--budget", default="auto", help="with --serve: the servers' --budget (default auto: the probe's)")
     p.add_argument("--max-batch", type=int, default=16, help="with --serve: the servers' --max-batch (default 16)")
     p.add_argument("--method", default="prompt-lookup", choices=["prompt-lookup", "recycling", "eagle"],
@@ -110,7 +111,7 @@ def start_server(args, mode: str) -> tuple[subprocess.Popen, str]:
 
     port = free_port()
     cmd = [sys.executable, "-m", "specdec.cli", "serve", "--model", args.model, "--dtype", args.dtype,
-           "--port", str(port), "--speculation", mode, "--budget", str(args.budget), "--max-batch", str(args.max_batch),
+           "--kv-dtype", args.kv_dtype, "--port", str(port), "--speculation", mode, "--budget", str(args.budget), "--max-batch", str(args.max_batch),
            "--method", args.method]
     proc = subprocess.Popen(cmd)
     url, end = f"http://127.0.0.1:{port}", time.time() + 900

@@ -37,7 +37,7 @@ def run(args) -> int:
     if args.repeats < 1:
         raise ValueError("--repeats must be at least 1")
     folder = resolve(args.model, pull=True)
-    model = load_transformer(folder, resolve_dtype(args.dtype, folder))
+    model = load_transformer(folder, resolve_dtype(args.dtype, folder), kv_dtype=args.kv_dtype)
     others = other_paths(model) if args.paths == "all" else []
     forwards = len(SIZES) * (args.repeats + 1) * (1 + len(others))
     with tqdm(total=forwards, desc="probe", unit="forward", file=sys.stderr, disable=args.json) as bar:

@@ -83,7 +83,7 @@ def run(args) -> int:
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in [0, 65535], got {args.port}")
     budget = budget_arg(args.budget)
-    llm = LLM(args.model, dtype=args.dtype, heads=args.heads)
+    llm = LLM(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype, heads=args.heads)
     from specdec.drafters.recycling import Recycling
 
     # token recycling: one table for the server, a context per request; its tree sized by the budget

@@ -102,7 +102,7 @@ class EarlyExit(Drafter):
 
     def _new_cache(self, length: int) -> KVCache:
         cfg = self.model.cfg
-        return KVCache(self.exit_layer, 1, cfg.num_kv_heads, length, cfg.head_dim, self.model.compute_dtype)
+        return KVCache(self.exit_layer, 1, cfg.num_kv_heads, length, cfg.head_dim, self.model.kv_dtype)
 
     def _step(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed tokens through layers < L: (logits after the last one [V], its layer-(L-1) output [1, 1, D])."""

@@ -30,6 +30,7 @@ from specdec.runtime.model import Linear, QLinear, Transformer
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 QUANTIZED = quant.FORMATS  # "q8", "q4": quantized projections (`specdec.store.quantized`), passed as strings
 CHOICES = ["auto", "fp32", "bf16", *QUANTIZED]  # what --dtype accepts
+KV_DTYPES = {"auto": None, "fp16": torch.float16, "fp32": torch.float32}  # what --kv-dtype accepts
 
 
 def cpu_has_bf16_matmul() -> bool:
@@ -143,11 +144,19 @@ def prefill_path(model: Transformer) -> str:
 
 
 def load_transformer(folder: str | Path, dtype: torch.dtype | str = torch.float32,
-                     device: torch.device | str = "cpu") -> Transformer:
+                     device: torch.device | str = "cpu", kv_dtype: str = "auto") -> Transformer:
     """The model in `folder` with weights in `dtype` (a torch dtype, or a name `resolve_dtype` takes: "bf16",
     "q4", "auto", ...) on `device` (`resolve_device`): on a GPU every weight is `dtype` and torch's kernels run it;
-    on the CPU bf16 matmul weights take the kernel's path."""
-    folder, device = Path(folder), torch.device(device)
+    on the CPU bf16 matmul weights take the kernel's path. `kv_dtype` (`KV_DTYPES`): the KV cache's element type,
+    "auto" = `Transformer.kv_dtype`'s default (fp16 on the exact CPU paths)."""
+    if kv_dtype not in KV_DTYPES:
+        raise SpecdecError(f"unknown KV-cache dtype {kv_dtype!r}: choose one of {', '.join(KV_DTYPES)}")
+    model = _load(Path(folder), dtype, torch.device(device))
+    model.kv_choice = KV_DTYPES[kv_dtype]
+    return model
+
+
+def _load(folder: Path, dtype: torch.dtype | str, device: torch.device) -> Transformer:
     if isinstance(dtype, str) and dtype not in QUANTIZED:
         dtype = resolve_dtype(dtype, folder, device)
     if dtype in QUANTIZED:

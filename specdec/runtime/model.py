@@ -21,8 +21,12 @@ q8 / q4 (`--dtype q8|q4`): every projection and the LM head is a QLinear (intege
 
 bf16 where the skinny-GEMM kernel runs (the loader decides: AMX, AVX512-BF16 or AVX2, `kernels.matmul_path`): the
 projection and LM-head weights stay in bf16 and run through the kernel with fp32 activations; norms,
-the embedding lookup's output, RoPE, attention and the KV cache are fp32. `model.dtype` is then bf16
+the embedding lookup's output, RoPE and attention are fp32. `model.dtype` is then bf16
 (the weights' dtype) and `model.compute_dtype` fp32.
+The KV cache (`Transformer.kv_dtype`, `--kv-dtype`) holds fp16 on these CPU paths (llama.cpp's default): half
+the bytes every step reads (at 16 SmolLM2 q4 requests of ~300 positions, 110 MB a step instead of 220, against
+~75 MB of weights); fp16 widens to fp32 exactly, so attention reads back the rounded keys and values, and a
+position's rounding never depends on which forward wrote it. Elsewhere it is the activations' dtype.
 Exact models (bf16 on the kernel, q8, q4: `Transformer.row_exact`) attend through the exact-attention kernel
 (`specdec.runtime.kernels.attention`): all n rows in one call, each (row, head) over exactly the key slots a
 single-position forward at that position sees (the cache, then its ancestors and itself), with an order of
@@ -223,7 +227,8 @@ class Block(nn.Module):
         built (asked once per block: a model keeps its path). Same bits as the torch route."""
         if self.kernels is None:
             self.kernels = ops.available() and attention.available()
-        return (self.kernels and qkv.dtype == keys.dtype == torch.float32 and qkv.device.type == "cpu"
+        return (self.kernels and qkv.dtype == torch.float32 and keys.dtype in (torch.float32, torch.float16)
+                and qkv.device.type == "cpu"
                 and qkv.is_contiguous() and keys.is_contiguous() and attention.supports_dims(keys.shape[-1]))
 
     def attend(self, qkv, cos, sin, cache: KVCache, layer: int, start: int, mask, plan: "RowPlan | None"):
@@ -323,15 +328,17 @@ class FusedLayers:
         layer i. segments: (first row, rows, cache, start, RowPlan, cos, sin, prefill) per request whose rows
         these are, in row order, cos and sin [rows, D] contiguous (one request: one segment over all N rows);
         `prefill` marks prompt rows, whose quantized matmuls take `quant.prefill_isa()` where there is one."""
-        segs, kv = [], []
+        segs, kv, half = [], [], segments[0][2].k[0].dtype == torch.float16
         for row0, n, cache, start, plan, cos, sin, prefill in segments:
+            if (cache.k[0].dtype == torch.float16) != half:
+                raise ValueError("FusedLayers: every request's KV cache must hold the same dtype")
             r = plan.rows
             segs += [row0, n, start, cache.max_len, r.prefix.data_ptr(), r.offs.data_ptr(), r.extra.data_ptr(),
                      cos.data_ptr(), sin.data_ptr(), int(prefill)]
             kv += cache.pointers()[:2 * layers]
         out = [hidden[i].data_ptr() if i in hidden else 0 for i in range(layers)]
         ops.forward_layers(self.desc, segs, kv, out, x, self.dims + [x.shape[1], layers, len(segments)], self.eps,
-                           self.isas + [torch.get_num_threads(), self.prefill_isa], self.fns)
+                           self.isas + [torch.get_num_threads(), self.prefill_isa, int(half)], self.fns)
 
 
 @dataclass
@@ -401,6 +408,8 @@ def attend_rows(q, k, v, cache: KVCache, layer: int, plan: RowPlan, gqa: bool) -
         if moved is not None:
             cache.write(layer, k[:, :, moved], v[:, :, moved], start + at)
         key, value = cache.view(layer, start + seen)
+        if key.dtype != q.dtype:  # an fp16 cache under fp32 activations
+            key, value = key.to(q.dtype), value.to(q.dtype)
         out.append(F.scaled_dot_product_attention(q[:, :, i:i + 1], key, value, enable_gqa=gqa))
     if restore:
         cache.write(layer, k, v, start)
@@ -446,8 +455,18 @@ class Transformer(nn.Module):
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        """The activations' (and KV cache's) dtype: fp32 when bf16 weights run through the kernel."""
+        """The activations' dtype: fp32 when bf16 weights run through the kernel."""
         return self.norm.weight.dtype
+
+    kv_choice: torch.dtype | None = None  # `--kv-dtype` fp16 / fp32; None: `kv_dtype`'s default
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The KV cache's dtype: `kv_choice` when set, else fp16 for an exact model on the CPU (fp32 activations,
+        half the cache's bytes; see the module's docstring), else the activations' dtype."""
+        if self.kv_choice is not None:
+            return self.kv_choice
+        return torch.float16 if self.row_exact and self.device.type == "cpu" else self.compute_dtype
 
     @property
     def row_exact(self) -> bool:
@@ -473,7 +492,7 @@ class Transformer(nn.Module):
     def new_cache(self, max_len: int | None = None, batch: int = 1) -> KVCache:
         max_len = max_len or self.cfg.max_position_embeddings
         return KVCache(self.cfg.num_layers, batch, self.cfg.num_kv_heads, max_len, self.cfg.head_dim,
-                       self.compute_dtype, self.device)
+                       self.kv_dtype, self.device)
 
     def attention_plan(self, n: int, start: int, mask: torch.Tensor | None = None):
         """(mask, plan) for n new positions after `start` cached ones; `mask` [B|1, n, start+n] or None (causal).

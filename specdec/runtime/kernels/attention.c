@@ -24,7 +24,10 @@
  * walks 0..4 (the cache), 5 (root), 7 (itself), the keys a single-position forward would have in 0..6.
  *
  * Two instruction sets: `task` (AVX2 + FMA, 8 lanes) and `task512` (AVX512F, 16 lanes); in both the heads
- * of a task share every K and V load. `attend` runs the one it is told (the Python side picks the best per CPU).
+ * of a task share every K and V load. Two cache formats: fp32, or fp16 (`half`; the exact CPU paths' default,
+ * `--kv-dtype`) widened to fp32 as it is loaded (F16C's `vcvtph2ps`, exact), then the same operations: an fp16
+ * cache gives the bits of an fp32 cache holding the same values, for half the bytes a step reads (SmolLM2 q4,
+ * 2-core Zen 4, 16 requests of 1024 positions: a packed decoding step 0.74x the fp32 cache's time). `attend` runs the one it is told (the Python side picks the best per CPU).
  * Threads: tasks are (batch, row, kv head, chunk of its G query heads), split finer only while some thread
  * would have none: the chunks of one KV head each stream its keys and values, so a split reads them twice.
  * At one row that was most of attention's cost (2-core Zen 4, context 256, one decoding step: SmolLM2 bf16
@@ -48,7 +51,13 @@
 #define GMAX 8    /* query heads per task */
 #define DMAX 256  /* largest head dimension */
 
-static const float zero_row[DMAX] __attribute__((aligned(64)));
+static const float zero_row[DMAX] __attribute__((aligned(64)));  /* a zero key in either format */
+
+/* A KV-cache element load: 8 fp32, or 8 fp16 widened by F16C (`half` a literal 1; exact: every fp16 is an fp32). */
+static inline __attribute__((always_inline)) __m256 ld8(const void *p, int64_t off, const int half) {
+    return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + off)))
+                : _mm256_loadu_ps((const float *)p + off);
+}
 
 /* Eight 8-lane partial sums -> their eight totals, lane u = ((a_u0+a_u1)+(a_u2+a_u3))+((a_u4+a_u5)+(a_u6+a_u7)). */
 static inline __m256 hsum8x8(const __m256 a[8]) {
@@ -66,14 +75,14 @@ static inline float fold8(__m256 a) {
 /* acc[g][c0 .. c0+8*nc) = acc * f[g] + sum_t p[g][t] * v[t][c0 ..), t in order, for heads g < gp (<= 2) and
  * nc <= 4 chunks of 8; the V loads are shared by the heads. Called with literal gp, nc (registers). */
 static inline __attribute__((always_inline)) void weigh8(float (*acc)[DMAX], const __m256 *f, float (*p)[BLK],
-                                                         const float *const *v, int nb, int c0, const int gp,
-                                                         const int nc) {
+                                                         const void *const *v, int nb, int c0, const int gp,
+                                                         const int nc, const int half) {
     __m256 r[2][4];
     for (int g = 0; g < gp; g++)
         for (int u = 0; u < nc; u++) r[g][u] = _mm256_mul_ps(_mm256_load_ps(acc[g] + c0 + 8 * u), f[g]);
     for (int t = 0; t < nb; t++) {
         __m256 x[4];
-        for (int u = 0; u < nc; u++) x[u] = _mm256_loadu_ps(v[t] + c0 + 8 * u);
+        for (int u = 0; u < nc; u++) x[u] = ld8(v[t], c0 + 8 * u, half);
         for (int g = 0; g < gp; g++) {
             __m256 pb = _mm256_set1_ps(p[g][t]);
             for (int u = 0; u < nc; u++) r[g][u] = _mm256_fmadd_ps(pb, x[u], r[g][u]);
@@ -86,16 +95,17 @@ static inline __attribute__((always_inline)) void weigh8(float (*acc)[DMAX], con
 /* s[g][t] = qs[g] . k[t] for heads g < gp (<= 4) and keys t < nb8 (a multiple of 8); every K chunk is loaded
  * once for the gp heads. Called with literal gp so the partial sums stay in registers, and through `scores8`
  * with a literal nd for head dims 64 and 128 (as score16). */
-static inline __attribute__((always_inline)) void score8(float (*qs)[DMAX], const float *const *kp, int nb8,
-                                                         float (*s)[BLK], const int nd, const int gp) {
+static inline __attribute__((always_inline)) void score8(float (*qs)[DMAX], const void *const *kp, int nb8,
+                                                         float (*s)[BLK], const int nd, const int gp,
+                                                         const int half) {
     for (int t0 = 0; t0 < nb8; t0 += 8) {
         __m256 a[4][8];
         for (int u = 0; u < 8; u++) {
-            const float *k = kp[t0 + u];
-            __m256 x[4], kc = _mm256_loadu_ps(k);
+            const void *k = kp[t0 + u];
+            __m256 x[4], kc = ld8(k, 0, half);
             for (int g = 0; g < gp; g++) x[g] = _mm256_mul_ps(_mm256_load_ps(qs[g]), kc);
             for (int c = 1; c < nd; c++) {
-                kc = _mm256_loadu_ps(k + 8 * c);
+                kc = ld8(k, 8 * c, half);
                 for (int g = 0; g < gp; g++) x[g] = _mm256_fmadd_ps(_mm256_load_ps(qs[g] + 8 * c), kc, x[g]);
             }
             for (int g = 0; g < gp; g++) a[g][u] = x[g];
@@ -104,30 +114,34 @@ static inline __attribute__((always_inline)) void score8(float (*qs)[DMAX], cons
     }
 }
 
-/* score8 with literal gp and, for head dims 64 and 128 (nd 8 and 16), literal nd. */
-static void scores8(float (*qs)[DMAX], const float *const *kp, int nb8, float (*s)[BLK], int nd, int gp) {
-#define SC(g)                                                                                         \
-    if (gp == g) {                                                                                    \
-        if (nd == 8) score8(qs, kp, nb8, s, 8, g);                                                    \
-        else if (nd == 16) score8(qs, kp, nb8, s, 16, g);                                             \
-        else score8(qs, kp, nb8, s, nd, g);                                                           \
+/* score8 with literal gp, half and, for head dims 64 and 128 (nd 8 and 16), literal nd. */
+static void scores8(float (*qs)[DMAX], const void *const *kp, int nb8, float (*s)[BLK], int nd, int gp, int half) {
+#define SC(g, h)                                                                                      \
+    if (gp == g && half == h) {                                                                       \
+        if (nd == 8) score8(qs, kp, nb8, s, 8, g, h);                                                 \
+        else if (nd == 16) score8(qs, kp, nb8, s, 16, g, h);                                          \
+        else score8(qs, kp, nb8, s, nd, g, h);                                                        \
         return;                                                                                       \
     }
-    SC(4) SC(3) SC(2) SC(1)
+    SC(4, 0) SC(3, 0) SC(2, 0) SC(1, 0) SC(4, 1) SC(3, 1) SC(2, 1) SC(1, 1)
 #undef SC
 }
 
-/* One task: heads h0 .. h0+gc-1 (all on kv head kh) of row i of batch b. */
-static void task(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const float *kb, const float *vb,
-                 float *out, int64_t prefix, const int64_t *extra, int64_t n_extra,
-                 int64_t b, int64_t i, int64_t h0, int gc, int64_t n, int64_t H, int64_t D) {
+/* One task: heads h0 .. h0+gc-1 (all on kv head kh) of row i of batch b; kb, vb that KV head's keys and values,
+ * fp32 or (half) fp16. */
+static inline __attribute__((always_inline)) void task(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn,
+                                                       const void *kb, const void *vb, float *out, int64_t prefix,
+                                                       const int64_t *extra, int64_t n_extra, int64_t b, int64_t i,
+                                                       int64_t h0, int gc, int64_t n, int64_t H, int64_t D,
+                                                       const int half) {
     float qs[GMAX][DMAX] __attribute__((aligned(32)));
     float acc[GMAX][DMAX] __attribute__((aligned(32)));
     float s[GMAX][BLK] __attribute__((aligned(32)));
     float m[GMAX];
     __m256 l[GMAX];
-    const float *kp[BLK], *vp[BLK];
+    const void *kp[BLK], *vp[BLK];
     const int nd = (int)(D / 8);
+    const int64_t row = D * (half ? 2 : 4); /* bytes per key */
     const __m256 scale = _mm256_set1_ps(1.0f / sqrtf((float)D));
     for (int g = 0; g < gc; g++) {
         const float *qr = q + b * q_sb + (h0 + g) * q_sh + i * q_sn;
@@ -143,15 +157,15 @@ static void task(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const
         for (int t = 0; t < nb8; t++) {
             if (t < nb) {
                 int64_t j = j0 + t, slot = j < prefix ? j : extra[j - prefix];
-                kp[t] = kb + slot * D;
-                vp[t] = vb + slot * D;
+                kp[t] = (const char *)kb + slot * row;
+                vp[t] = (const char *)vb + slot * row;
             } else {
                 kp[t] = vp[t] = zero_row;
             }
         }
         for (int g0 = 0; g0 < gc; g0 += 4) {
             const int gp = gc - g0 < 4 ? gc - g0 : 4;
-            scores8(qs + g0, kp, nb8, s + g0, nd, gp);
+            scores8(qs + g0, kp, nb8, s + g0, nd, gp, half);
         }
         __m256 f[GMAX];
         for (int g = 0; g < gc; g++) {
@@ -173,9 +187,9 @@ static void task(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const
             const int gp = gc - g0 < 2 ? gc - g0 : 2;
             for (int c0 = 0; c0 < D; c0 += 32) {
                 const int nc = (int)((D - c0) / 8 < 4 ? (D - c0) / 8 : 4);
-                if (nc == 4 && gp == 2) weigh8(acc + g0, f + g0, s + g0, vp, nb, (int)c0, 2, 4);
-                else if (nc == 4) weigh8(acc + g0, f + g0, s + g0, vp, nb, (int)c0, 1, 4);
-                else weigh8(acc + g0, f + g0, s + g0, vp, nb, (int)c0, gp, nc);
+                if (nc == 4 && gp == 2) weigh8(acc + g0, f + g0, s + g0, vp, nb, (int)c0, 2, 4, half);
+                else if (nc == 4) weigh8(acc + g0, f + g0, s + g0, vp, nb, (int)c0, 1, 4, half);
+                else weigh8(acc + g0, f + g0, s + g0, vp, nb, (int)c0, gp, nc, half);
             }
         }
     }
@@ -194,6 +208,12 @@ static void task(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const
 
 #define T512 __attribute__((target("avx512f")))
 
+/* ld8's 16 lanes. */
+T512 static inline __attribute__((always_inline)) __m512 ld16(const void *p, int64_t off, const int half) {
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + off)))
+                : _mm512_loadu_ps((const float *)p + off);
+}
+
 T512 static inline __m256 half16(__m512 x) {  /* 16 lanes -> 8: lane u + lane u+8 */
     return _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
 }
@@ -201,14 +221,14 @@ T512 static inline __m256 half16(__m512 x) {  /* 16 lanes -> 8: lane u + lane u+
 /* acc[g][c0 .. c0+16*nc) = acc * f[g] + sum_t p[g][t] * v[t][c0 ..), t in order, for heads g < gp; the V
  * loads are shared by the heads. Called with literal gp, nc so the accumulators stay in registers. */
 T512 static inline __attribute__((always_inline)) void weigh16(float (*acc)[DMAX], const __m512 *f, float (*p)[BLK],
-                                                               const float *const *v, int nb, int c0,
-                                                               const int gp, const int nc) {
+                                                               const void *const *v, int nb, int c0,
+                                                               const int gp, const int nc, const int half) {
     __m512 r[4][4];
     for (int g = 0; g < gp; g++)
         for (int u = 0; u < nc; u++) r[g][u] = _mm512_mul_ps(_mm512_load_ps(acc[g] + c0 + 16 * u), f[g]);
     for (int t = 0; t < nb; t++) {
         __m512 x[4];
-        for (int u = 0; u < nc; u++) x[u] = _mm512_loadu_ps(v[t] + c0 + 16 * u);
+        for (int u = 0; u < nc; u++) x[u] = ld16(v[t], c0 + 16 * u, half);
         for (int g = 0; g < gp; g++) {
             __m512 pb = _mm512_set1_ps(p[g][t]);
             for (int u = 0; u < nc; u++) r[g][u] = _mm512_fmadd_ps(pb, x[u], r[g][u]);
@@ -223,16 +243,17 @@ T512 static inline __attribute__((always_inline)) void weigh16(float (*acc)[DMAX
  * common head dims (`scores16`): the chunk loop then unrolls and the compiler interleaves the 8 keys' chains of
  * dependent FMAs, which otherwise ran one key after another at the FMA's latency (the same operations in the
  * same order: the bits do not change). */
-T512 static inline __attribute__((always_inline)) void score16(float (*qs)[DMAX], const float *const *kp, int nb8,
-                                                               float (*s)[BLK], const int nd, const int gp) {
+T512 static inline __attribute__((always_inline)) void score16(float (*qs)[DMAX], const void *const *kp, int nb8,
+                                                               float (*s)[BLK], const int nd, const int gp,
+                                                               const int half) {
     for (int t0 = 0; t0 < nb8; t0 += 8) {
         __m256 a[4][8];
         for (int u = 0; u < 8; u++) {
-            const float *k = kp[t0 + u];
-            __m512 x[4], kc = _mm512_loadu_ps(k);
+            const void *k = kp[t0 + u];
+            __m512 x[4], kc = ld16(k, 0, half);
             for (int g = 0; g < gp; g++) x[g] = _mm512_mul_ps(_mm512_load_ps(qs[g]), kc);
             for (int c = 1; c < nd; c++) {
-                kc = _mm512_loadu_ps(k + 16 * c);
+                kc = ld16(k, 16 * c, half);
                 for (int g = 0; g < gp; g++) x[g] = _mm512_fmadd_ps(_mm512_load_ps(qs[g] + 16 * c), kc, x[g]);
             }
             for (int g = 0; g < gp; g++) a[g][u] = half16(x[g]);
@@ -241,29 +262,34 @@ T512 static inline __attribute__((always_inline)) void score16(float (*qs)[DMAX]
     }
 }
 
-/* score16 with literal gp and, for head dims 64 and 128 (nd 4 and 8), literal nd (as scores8). */
-T512 static void scores16(float (*qs)[DMAX], const float *const *kp, int nb8, float (*s)[BLK], int nd, int gp) {
-#define SC(g)                                                                                         \
-    if (gp == g) {                                                                                    \
-        if (nd == 4) score16(qs, kp, nb8, s, 4, g);                                                   \
-        else if (nd == 8) score16(qs, kp, nb8, s, 8, g);                                              \
-        else score16(qs, kp, nb8, s, nd, g);                                                          \
+/* score16 with literal gp, half and, for head dims 64 and 128 (nd 4 and 8), literal nd (as scores8). */
+T512 static void scores16(float (*qs)[DMAX], const void *const *kp, int nb8, float (*s)[BLK], int nd, int gp,
+                          int half) {
+#define SC(g, h)                                                                                      \
+    if (gp == g && half == h) {                                                                       \
+        if (nd == 4) score16(qs, kp, nb8, s, 4, g, h);                                                \
+        else if (nd == 8) score16(qs, kp, nb8, s, 8, g, h);                                           \
+        else score16(qs, kp, nb8, s, nd, g, h);                                                       \
         return;                                                                                       \
     }
-    SC(4) SC(3) SC(2) SC(1)
+    SC(4, 0) SC(3, 0) SC(2, 0) SC(1, 0) SC(4, 1) SC(3, 1) SC(2, 1) SC(1, 1)
 #undef SC
 }
 
-T512 static void task512(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const float *kb,
-                         const float *vb, float *out, int64_t prefix, const int64_t *extra, int64_t n_extra,
-                         int64_t b, int64_t i, int64_t h0, int gc, int64_t n, int64_t H, int64_t D) {
+T512 static inline __attribute__((always_inline)) void task512(const float *q, int64_t q_sb, int64_t q_sh,
+                                                               int64_t q_sn, const void *kb, const void *vb,
+                                                               float *out, int64_t prefix, const int64_t *extra,
+                                                               int64_t n_extra, int64_t b, int64_t i, int64_t h0,
+                                                               int gc, int64_t n, int64_t H, int64_t D,
+                                                               const int half) {
     float qs[GMAX][DMAX] __attribute__((aligned(64)));
     float acc[GMAX][DMAX] __attribute__((aligned(64)));
     float s[GMAX][BLK] __attribute__((aligned(64)));
     float m[GMAX];
     __m512 l[GMAX], f[GMAX];
-    const float *kp[BLK], *vp[BLK];
+    const void *kp[BLK], *vp[BLK];
     const int nd = (int)(D / 16);
+    const int64_t row = D * (half ? 2 : 4); /* bytes per key */
     const __m512 scale = _mm512_set1_ps(1.0f / sqrtf((float)D));
     for (int g = 0; g < gc; g++) {
         const float *qr = q + b * q_sb + (h0 + g) * q_sh + i * q_sn;
@@ -279,8 +305,8 @@ T512 static void task512(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_s
         for (int t = 0; t < nb8; t++) {
             if (t < nb) {
                 int64_t j = j0 + t, slot = j < prefix ? j : extra[j - prefix];
-                kp[t] = kb + slot * D;
-                vp[t] = vb + slot * D;
+                kp[t] = (const char *)kb + slot * row;
+                vp[t] = (const char *)vb + slot * row;
             } else {
                 kp[t] = vp[t] = zero_row;
             }
@@ -288,7 +314,7 @@ T512 static void task512(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_s
         const int per = (gc + (gc + 3) / 4 - 1) / ((gc + 3) / 4);  /* heads per pass, balanced: 6 -> 3 + 3 */
         for (int g0 = 0; g0 < gc; g0 += per) {
             const int gp = gc - g0 < per ? gc - g0 : per;
-            scores16(qs + g0, kp, nb8, s + g0, nd, gp);
+            scores16(qs + g0, kp, nb8, s + g0, nd, gp, half);
         }
         for (int g = 0; g < gc; g++) {
             for (int t = nb; t < nb16; t++) s[g][t] = -INFINITY;
@@ -313,11 +339,11 @@ T512 static void task512(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_s
                 const int nc = (int)((D - c0) / 16 < 4 ? (D - c0) / 16 : 4);
                 float (*ag)[DMAX] = acc + g0;
                 float (*pg)[BLK] = s + g0;
-                if (nc == 4 && gp == 4) weigh16(ag, f + g0, pg, vp, nb, (int)c0, 4, 4);
-                else if (nc == 4 && gp == 3) weigh16(ag, f + g0, pg, vp, nb, (int)c0, 3, 4);
-                else if (nc == 4 && gp == 2) weigh16(ag, f + g0, pg, vp, nb, (int)c0, 2, 4);
-                else if (nc == 4) weigh16(ag, f + g0, pg, vp, nb, (int)c0, 1, 4);
-                else weigh16(ag, f + g0, pg, vp, nb, (int)c0, gp, nc);
+                if (nc == 4 && gp == 4) weigh16(ag, f + g0, pg, vp, nb, (int)c0, 4, 4, half);
+                else if (nc == 4 && gp == 3) weigh16(ag, f + g0, pg, vp, nb, (int)c0, 3, 4, half);
+                else if (nc == 4 && gp == 2) weigh16(ag, f + g0, pg, vp, nb, (int)c0, 2, 4, half);
+                else if (nc == 4) weigh16(ag, f + g0, pg, vp, nb, (int)c0, 1, 4, half);
+                else weigh16(ag, f + g0, pg, vp, nb, (int)c0, gp, nc, half);
             }
         }
     }
@@ -328,21 +354,39 @@ T512 static void task512(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_s
     }
 }
 
-/* 1 when the CPU runs `isa` (1: AVX2 + FMA; 2: AVX512F). */
+#define TASK_ARGS const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const void *kb, const void *vb, float *out, \
+                  int64_t prefix, const int64_t *extra, int64_t n_extra, int64_t b, int64_t i, int64_t h0, int gc,   \
+                  int64_t n, int64_t H, int64_t D
+#define TASK_PASS q, q_sb, q_sh, q_sn, kb, vb, out, prefix, extra, n_extra, b, i, h0, gc, n, H, D
+static void task_f32(TASK_ARGS) { task(TASK_PASS, 0); }
+static void task_f16(TASK_ARGS) { task(TASK_PASS, 1); }
+T512 static void task512_f32(TASK_ARGS) { task512(TASK_PASS, 0); }
+T512 static void task512_f16(TASK_ARGS) { task512(TASK_PASS, 1); }
+
+/* One task on instruction set `isa` over an fp32 (half 0) or fp16 (half 1) cache. */
+static void run_task(int isa, int half, TASK_ARGS) {
+    if (isa == 2) (half ? task512_f16 : task512_f32)(TASK_PASS);
+    else (half ? task_f16 : task_f32)(TASK_PASS);
+}
+#undef TASK_ARGS
+#undef TASK_PASS
+
+/* 1 when the CPU runs `isa` (1: AVX2 + FMA + F16C; 2: AVX512F). */
 int attend_supported(int isa) {
     __builtin_cpu_init();
-    if (isa == 1) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (isa == 1)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     if (isa == 2) return __builtin_cpu_supports("avx512f");
     return 0;
 }
 
 /* q [B, H, n, D] (strides q_sb, q_sh, q_sn in floats, D contiguous); k, v the layer's cache [B, Hk, S, D]
- * contiguous; out [B, n, H, D] contiguous. Row i sees slots 0 .. prefix[i]-1 then extra[offs[i] ..
+ * contiguous, fp32 or (half 1) fp16; out [B, n, H, D] contiguous. Row i sees slots 0 .. prefix[i]-1 then extra[offs[i] ..
  * offs[i+1]-1] (the same lists for every batch); isa 2 (AVX512, D % 16 == 0) or 1 (AVX2). Returns 0, or 1
  * when D, H / Hk or isa are out of range. */
-int attend(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const float *k, const float *v, float *out,
+int attend(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const void *k, const void *v, float *out,
            const int64_t *prefix, const int64_t *offs, const int64_t *extra,
-           int64_t B, int64_t n, int64_t H, int64_t Hk, int64_t S, int64_t D, int isa, int threads) {
+           int64_t B, int64_t n, int64_t H, int64_t Hk, int64_t S, int64_t D, int isa, int half, int threads) {
     if (D % 8 || D > DMAX || D <= 0 || Hk <= 0 || H % Hk || !attend_supported(isa) || (isa == 2 && D % 16)) return 1;
     const int64_t G = H / Hk, units = B * n * Hk;
     int64_t chunks = (G + GMAX - 1) / GMAX;
@@ -353,13 +397,9 @@ int attend(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const float
         const int64_t c = t % per, kh = (t / per) % Hk, i = (t / per / Hk) % n, b = t / per / Hk / n;
         const int64_t h0 = kh * G + c * gc;
         const int g = (int)(h0 + gc <= (kh + 1) * G ? gc : (kh + 1) * G - h0);
-        const float *kb = k + (b * Hk + kh) * S * D, *vb = v + (b * Hk + kh) * S * D;
-        if (isa == 2)
-            task512(q, q_sb, q_sh, q_sn, kb, vb, out, prefix[i], extra + offs[i], offs[i + 1] - offs[i],
-                    b, i, h0, g, n, H, D);
-        else
-            task(q, q_sb, q_sh, q_sn, kb, vb, out, prefix[i], extra + offs[i], offs[i + 1] - offs[i],
-                 b, i, h0, g, n, H, D);
+        const int64_t at = (b * Hk + kh) * S * D * (half ? 2 : 4); /* bytes */
+        run_task(isa, half, q, q_sb, q_sh, q_sn, (const char *)k + at, (const char *)v + at, out, prefix[i],
+                 extra + offs[i], offs[i + 1] - offs[i], b, i, h0, g, n, H, D);
     }
     return 0;
 }
@@ -371,7 +411,7 @@ int attend(const float *q, int64_t q_sb, int64_t q_sh, int64_t q_sn, const float
  * v [Hk, S, D]. Row r's head h is at q + r * q_sn + h * D; out is [N, H, D]. Every (row, head) runs the same
  * task as `attend` computes it, so the bits are `attend`'s. Returns as `attend`; 2 when out of memory. */
 int attend_batch(const float *q, int64_t q_sn, float *out, int64_t nseg, const int64_t *seg,
-                 int64_t H, int64_t Hk, int64_t D, int isa, int threads) {
+                 int64_t H, int64_t Hk, int64_t D, int isa, int half, int threads) {
     if (D % 8 || D > DMAX || D <= 0 || Hk <= 0 || H % Hk || !attend_supported(isa) || (isa == 2 && D % 16)) return 1;
     int64_t *first = malloc((size_t)(nseg + 1) * sizeof(int64_t));  /* segment g's first task */
     if (!first) return 2;
@@ -392,13 +432,9 @@ int attend_batch(const float *q, int64_t q_sn, float *out, int64_t nseg, const i
         const int64_t *prefix = (const int64_t *)sg[3], *offs = (const int64_t *)sg[4], *extra = (const int64_t *)sg[5];
         const int64_t h0 = kh * G + c * gc;
         const int gn = (int)(h0 + gc <= (kh + 1) * G ? gc : (kh + 1) * G - h0);
-        const float *kb = (const float *)sg[6] + kh * S * D, *vb = (const float *)sg[7] + kh * S * D;
-        const float *qg = q + sg[0] * q_sn;
-        float *og = out + sg[0] * H * D;
-        if (isa == 2)
-            task512(qg, 0, D, q_sn, kb, vb, og, prefix[i], extra + offs[i], offs[i + 1] - offs[i], 0, i, h0, gn, m, H, D);
-        else
-            task(qg, 0, D, q_sn, kb, vb, og, prefix[i], extra + offs[i], offs[i + 1] - offs[i], 0, i, h0, gn, m, H, D);
+        const int64_t at = kh * S * D * (half ? 2 : 4); /* bytes */
+        run_task(isa, half, q + sg[0] * q_sn, 0, D, q_sn, (const char *)sg[6] + at, (const char *)sg[7] + at,
+                 out + sg[0] * H * D, prefix[i], extra + offs[i], offs[i + 1] - offs[i], 0, i, h0, gn, m, H, D);
     }
     free(first);
     return 0;

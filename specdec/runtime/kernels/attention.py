@@ -17,7 +17,9 @@ paths [[0], [0, 1], [0, 2], [0, 1, 3]]): `Rows.from_paths(paths, 5)` gives prefi
 [], [], [7], [8]: c walks slots 0..6 then 8, the keys (cache, root, a, c) its single-position forward sees.
 
 Instruction sets: AVX512F (16 lanes; head dims that are multiples of 16) where the CPU has it, else AVX2 + FMA
-(`isa`); a machine always takes the same path, the two give different bits. The library is built on first
+(`isa`); a machine always takes the same path, the two give different bits. The cache may hold fp32 or fp16
+(the model's `kv_dtype`): fp16 is widened exactly as it is loaded, so it gives an fp32 cache's bits for the
+same values, in half the bytes. The library is built on first
 use like the other kernels (`kernels.open_library`); without it, or with `SPECDEC_KERNEL=0`, `available()`
 is False and the model attends row by row through torch instead.
 """
@@ -34,7 +36,7 @@ from specdec.runtime import kernels
 
 
 SOURCE = Path(__file__).with_name("attention.c")
-CFLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 MAX_HEAD_DIM = 256  # DMAX in attention.c
 ISAS = {"avx512": 2, "avx2": 1}  # best first: AVX512F (head dims that are multiples of 16), else AVX2 + FMA
 
@@ -74,11 +76,11 @@ class Rows:
 def _declare(lib) -> None:
     lib.attend.restype = ctypes.c_int
     lib.attend.argtypes = ([ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 6
-                           + [ctypes.c_int64] * 6 + [ctypes.c_int] * 2)
+                           + [ctypes.c_int64] * 6 + [ctypes.c_int] * 3)
     lib.attend_supported.restype = ctypes.c_int
     lib.attend_supported.argtypes = [ctypes.c_int]
     if not lib.attend_supported(ISAS["avx2"]):
-        raise RuntimeError("the CPU lacks AVX2 or FMA")
+        raise RuntimeError("the CPU lacks AVX2, FMA or F16C")
 
 
 _kernel = kernels.Library(SOURCE, CFLAGS, _declare, "the exact-attention kernel is unavailable; attending row by row",
@@ -116,9 +118,11 @@ def supports_dims(head_dim: int) -> bool:
 
 
 def supports(q: torch.Tensor, keys: torch.Tensor) -> bool:
-    """Whether `attend` takes these shapes and dtypes (fp32, head dim a multiple of 8 up to 256, GQA groups)."""
+    """Whether `attend` takes these shapes and dtypes (fp32 q, an fp32 or fp16 cache, head dim a multiple of 8 up
+    to 256, GQA groups)."""
     d = q.shape[-1]
-    return (q.dtype == keys.dtype == torch.float32 and supports_dims(d) and keys.shape[-1] == d
+    return (q.dtype == torch.float32 and keys.dtype in (torch.float32, torch.float16) and supports_dims(d)
+            and keys.shape[-1] == d
             and q.shape[0] == keys.shape[0] and q.shape[1] % keys.shape[1] == 0 and keys.is_contiguous())
 
 
@@ -127,8 +131,8 @@ _best: dict[int, int] = {}  # head dim -> ISAS code, once per process (a machine
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: Rows,
            threads: int | None = None, use: str | None = None) -> torch.Tensor:
-    """Attention of q [B, H, n, D] over the slots `rows` names in keys, values [B, Hk, S, D] (fp32,
-    contiguous): [B, n, H, D]. `use`: an instruction set from `isas()` (default: `isa(D)`, the best).
+    """Attention of q [B, H, n, D] (fp32) over the slots `rows` names in keys, values [B, Hk, S, D] (both fp32
+    or both fp16, contiguous): [B, n, H, D] fp32. `use`: an instruction set from `isas()` (default: `isa(D)`, the best).
     Call only when `available()` and `supports(q, keys)`."""
     B, H, n, D = q.shape
     code = ISAS[use] if use else _best.get(D) or _best.setdefault(D, ISAS[isa(D)])
@@ -137,7 +141,8 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: Rows
     out = torch.empty(B, n, H, D)
     rc = (_kernel.lib if _kernel.state else _load()).attend(q.data_ptr(), q.stride(0), q.stride(1), q.stride(2), keys.data_ptr(), values.data_ptr(),
                      out.data_ptr(), rows.prefix.data_ptr(), rows.offs.data_ptr(), rows.extra.data_ptr(),
-                     B, n, H, keys.shape[1], keys.shape[2], D, code, threads or torch.get_num_threads())
+                     B, n, H, keys.shape[1], keys.shape[2], D, code, int(keys.dtype == torch.float16),
+                     threads or torch.get_num_threads())
     if rc:
         raise ValueError(f"attend: head dim {D}, heads {H}/{keys.shape[1]} or {use} not supported here")
     return out

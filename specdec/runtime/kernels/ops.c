@@ -72,10 +72,17 @@ static inline void rotate(const float *x, const float *c, const float *s, float 
     memcpy(out, t, (size_t)D * sizeof(float));
 }
 
-/* qkv [B, n, (H + 2 Hk) * D] contiguous; cos, sin [B, n, D]; kc, vc [B, Hk, S, D]. Returns 1 if D > 512. */
-int rope_store(float *qkv, const float *cos, const float *sin, float *kc, float *vc, int64_t B, int64_t n,
-               int64_t H, int64_t Hk, int64_t D, int64_t S, int64_t start) {
-    if (D > 512 || D % 2) return 1;
+/* fp32 x[0 .. D) -> fp16 (round to nearest even: what torch's .half() gives), D a multiple of 8. */
+static inline void store_f16(uint16_t *out, const float *x, int64_t D) {
+    for (int64_t j = 0; j < D; j += 8)
+        _mm_storeu_si128((__m128i *)(out + j), _mm256_cvtps_ph(_mm256_loadu_ps(x + j), _MM_FROUND_TO_NEAREST_INT));
+}
+
+/* qkv [B, n, (H + 2 Hk) * D] contiguous; cos, sin [B, n, D]; kc, vc [B, Hk, S, D], fp32 or (half 1) fp16.
+ * Returns 1 if D > 512, D is odd, or half and D % 8. */
+int rope_store(float *qkv, const float *cos, const float *sin, void *kc, void *vc, int64_t B, int64_t n,
+               int64_t H, int64_t Hk, int64_t D, int64_t S, int64_t start, int half) {
+    if (D > 512 || D % 2 || (half && D % 8)) return 1;
     const int64_t width = (H + 2 * Hk) * D;
     for (int64_t b = 0; b < B; b++)
         for (int64_t i = 0; i < n; i++) {
@@ -84,8 +91,16 @@ int rope_store(float *qkv, const float *cos, const float *sin, float *kc, float 
             for (int64_t h = 0; h < H; h++) rotate(row + h * D, c, s, row + h * D, D);
             for (int64_t h = 0; h < Hk; h++) {
                 int64_t slot = ((b * Hk + h) * S + start + i) * D;
-                rotate(row + (H + h) * D, c, s, kc + slot, D);
-                memcpy(vc + slot, row + (H + Hk + h) * D, (size_t)D * sizeof(float));
+                const float *v = row + (H + Hk + h) * D;
+                if (half) {
+                    float k[512];
+                    rotate(row + (H + h) * D, c, s, k, D);
+                    store_f16((uint16_t *)kc + slot, k, D);
+                    store_f16((uint16_t *)vc + slot, v, D);
+                } else {
+                    rotate(row + (H + h) * D, c, s, (float *)kc + slot, D);
+                    memcpy((float *)vc + slot, v, (size_t)D * sizeof(float));
+                }
             }
         }
     return 0;
@@ -169,12 +184,12 @@ void argmax_rows(const float *x, int64_t rows, int64_t n, int64_t ld, int64_t *o
  * that is 0: prompt processing is verified against nothing, so it may take a faster path). kv, per
  * segment and layer: the cache's k and v [1, Hk, S, D]. hidden: per layer 0 or an [N, d] buffer that receives
  * x after it. dims: d, H, Hk, D, I, N (rows of x), layers, segments. isas: qgemm's, skinny's, attend's,
- * threads, qgemm's for prefill rows (0: qgemm's). Returns 0, or the first failing call's nonzero code (2: out of memory). */
+ * threads, qgemm's for prefill rows (0: qgemm's), 1 when the caches hold fp16 (else fp32). Returns 0, or the first failing call's nonzero code (2: out of memory). */
 typedef int (*qgemm_fn)(int, int, const float *, const uint8_t *, const float *, const float *, const float *,
                         float *, int64_t, int64_t, int64_t, int64_t, int);
 typedef int (*skinny_fn)(int, const float *, const uint16_t *, const float *, float *, int64_t, int64_t, int64_t, int);
 typedef int (*attend_fn)(const float *, int64_t, float *, int64_t, const int64_t *, int64_t, int64_t, int64_t,
-                         int, int);
+                         int, int, int);
 #define PARTS 3
 #define PART_WORDS 7
 #define PROJ_WORDS (1 + PARTS * PART_WORDS)
@@ -231,13 +246,14 @@ int forward_layers(const int64_t *desc, const int64_t *segs, const int64_t *kv, 
         if ((rc = project(proj, h, qkv, n, d, wq, qgemm, skinny, isas, runs, nruns))) break;
         for (int64_t g = 0; g < nseg && !rc; g++) {
             const int64_t *sg = segs + g * SEG_WORDS, r0 = sg[0], m = sg[1], start = sg[2], S = sg[3];
-            float *kc = (float *)kv[2 * (g * L + l)], *vc = (float *)kv[2 * (g * L + l) + 1];
-            rc = rope_store(qkv + r0 * wq, (const float *)sg[7], (const float *)sg[8], kc, vc, 1, m, H, Hk, D, S, start);
+            void *kc = (void *)kv[2 * (g * L + l)], *vc = (void *)kv[2 * (g * L + l) + 1];
+            rc = rope_store(qkv + r0 * wq, (const float *)sg[7], (const float *)sg[8], kc, vc, 1, m, H, Hk, D, S, start,
+                            isas[5]);
             att[8 * g + 6] = (int64_t)kc;
             att[8 * g + 7] = (int64_t)vc;
         }
         /* q: row r's head h at qkv + r * wq + h * D */
-        if (rc || (rc = attend(qkv, wq, a, nseg, att, H, Hk, D, isas[2], isas[3]))) break;
+        if (rc || (rc = attend(qkv, wq, a, nseg, att, H, Hk, D, isas[2], isas[5], isas[3]))) break;
         if ((rc = project(proj + PROJ_WORDS, a, t, n, H * D, d, qgemm, skinny, isas, runs, nruns))) break;
         for (int64_t i = 0; i < n * d; i++) x[i] = x[i] + t[i];
         rmsnorm(x, d, (const float *)w[1], h, d, n, d, eps);

@@ -25,7 +25,7 @@ import torch
 from specdec.runtime import kernels
 
 SOURCE = Path(__file__).with_name("ops.c")
-CFLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-shared", "-fPIC"]
+CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-shared", "-fPIC"]
 
 
 def _declare(lib) -> None:
@@ -33,7 +33,7 @@ def _declare(lib) -> None:
     lib.rmsnorm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                             ctypes.c_int64, ctypes.c_int64, ctypes.c_float]
     lib.rope_store.restype = ctypes.c_int
-    lib.rope_store.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7
+    lib.rope_store.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7 + [ctypes.c_int]
     lib.silu_mul.restype = None
     lib.silu_mul.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
     lib.argmax_rows.restype = None
@@ -67,12 +67,13 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, layer: int, start: int,
                heads: int, kv_heads: int) -> torch.Tensor:
     """Rotate q in place in qkv [B, n, (heads + 2 kv_heads) D] (fp32, contiguous), write rotated k and v to the
-    cache's slots start.. of `layer`; returns q as a [B, heads, n, D] view. cos, sin: [B, (1,) n, D] contiguous."""
+    cache's slots start.. of `layer` (an fp32 or fp16 cache: rounded to nearest as `.half()` rounds); returns q
+    as a [B, heads, n, D] view. cos, sin: [B, (1,) n, D] contiguous."""
     B, n, width = qkv.shape
     D = width // (heads + 2 * kv_heads)
     keys, values = cache.k[layer], cache.v[layer]
     rc = _kernel.lib.rope_store(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
-                                B, n, heads, kv_heads, D, keys.shape[2], start)
+                                B, n, heads, kv_heads, D, keys.shape[2], start, keys.dtype == torch.float16)
     if rc:
         raise ValueError(f"rope_store: head dim {D} not supported")
     return qkv.view(B, n, heads + 2 * kv_heads, D)[:, :, :heads].transpose(1, 2)
@@ -112,11 +113,11 @@ def forward_layers(desc: torch.Tensor, segs: list[int], kv: list[int], hidden: l
     out: desc the layers' weights (int64 [layers, LAYER_WORDS]), segs per segment (first row, rows, cache start,
     cache slots, attention rows' prefix, offs, extra, cos, sin addresses, 1 for prompt rows being prefilled),
     kv per segment and layer the cache's k and v, hidden per layer an output or 0, dims (d, H, Hk, D, I, N,
-    layers, segments), isas (qgemm, skinny_bf16, attend, threads, qgemm for prefill rows or 0), fns (the first
-    three's addresses)."""
+    layers, segments), isas (qgemm, skinny_bf16, attend, threads, qgemm for prefill rows or 0, 1 for fp16
+    caches), fns (the first three's addresses)."""
     i64 = ctypes.c_int64
     rc = _kernel.lib.forward_layers(desc.data_ptr(), (i64 * len(segs))(*segs), (i64 * len(kv))(*kv),
                                     (i64 * len(hidden))(*hidden), x.data_ptr(), (i64 * len(dims))(*dims), eps,
-                                    (ctypes.c_int * 5)(*isas), (i64 * 3)(*fns))
+                                    (ctypes.c_int * 6)(*isas), (i64 * 3)(*fns))
     if rc:
         raise MemoryError("forward_layers: out of memory") if rc == 2 else RuntimeError(f"forward_layers: a kernel failed ({rc})")
