@@ -489,6 +489,11 @@ def test_quality_cli_json(tiny_folder, capsys):
                  "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["dtype"] for r in rows] == ["float32", "q4"] and rows[0]["agreement"] == 1.0
+    assert main(["quality", "--model", str(tiny_folder), "--dtype", "q4", "--ref", "fp32", "--tasks", "1",
+                 "--kv-dtype", "fp32", "--json"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert full[0] == rows[0]  # an fp32 model's cache is fp32 either way
+    assert full[1]["perplexity"] != rows[1]["perplexity"]  # q4's is fp16 by default: the rounding shows
     assert main(["quality", "--model", str(tiny_folder), "--dtype", "auto"]) == 2
 
 

@@ -16,6 +16,9 @@ def register(sub) -> None:
     p.add_argument("--dtype", default="q4,q8", help="comma-separated formats to score: q4, q8, bf16, fp32 "
                                                      "(default q4,q8)")
     p.add_argument("--ref", default="bf16", help="reference dtype for the agreement (default bf16)")
+    p.add_argument("--kv-dtype", default="auto", choices=["auto", "fp16", "fp32"],
+                   help="the KV cache's dtype for every format scored, the reference's too (default auto: fp16 on "
+                        "the CPU's exact paths); results under another than auto are saved as DTYPE+kv-KV")
     p.add_argument("--tasks", type=int, default=8, help="HumanEvalFix dev tasks to score (default 8)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=run)
@@ -24,7 +27,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from specdec.errors import SpecdecError
     from specdec.quality import measure
-    from specdec.runtime.loader import resolve_dtype
+    from specdec.runtime.loader import load_transformer, resolve_dtype
     from specdec.store import measurement_path, resolve, write_json
 
     if args.tasks < 1:
@@ -33,13 +36,16 @@ def run(args) -> int:
     if "auto" in names + [args.ref]:
         raise SpecdecError("specdec quality scores named formats: give --dtype and --ref from q4, q8, bf16, fp32")
     dtypes = [resolve_dtype(d) for d in names]
-    results = measure(args.model, resolve(args.model, pull=True), dtypes, resolve_dtype(args.ref), args.tasks)
+    load = lambda folder, dtype: load_transformer(folder, dtype, kv_dtype=args.kv_dtype)  # noqa: E731
+    results = measure(args.model, resolve(args.model, pull=True), dtypes, resolve_dtype(args.ref), args.tasks, load)
+    kv = "" if args.kv_dtype == "auto" else f"+kv-{args.kv_dtype}"
     for r in results:
-        write_json(measurement_path("quality", r.model, r.dtype), r.to_dict())
+        write_json(measurement_path("quality", r.model, r.dtype + kv), r.to_dict())
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
         return 0
-    print(f"model {args.model}: {results[0].tokens} answer tokens of {args.tasks} HumanEvalFix dev tasks")
+    print(f"model {args.model}: {results[0].tokens} answer tokens of {args.tasks} HumanEvalFix dev tasks, "
+          f"KV cache {args.kv_dtype}")
     print(f"{'dtype':>6} {'perplexity':>11} {'top-1 vs ' + results[0].dtype:>14}")
     for r in results:
         print(f"{r.dtype:>6} {r.perplexity:>11.4f} {r.agreement:>14.2%}")

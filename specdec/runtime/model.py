@@ -23,10 +23,12 @@ bf16 where the skinny-GEMM kernel runs (the loader decides: AMX, AVX512-BF16 or 
 projection and LM-head weights stay in bf16 and run through the kernel with fp32 activations; norms,
 the embedding lookup's output, RoPE and attention are fp32. `model.dtype` is then bf16
 (the weights' dtype) and `model.compute_dtype` fp32.
-The KV cache (`Transformer.kv_dtype`, `--kv-dtype`) holds fp16 on these CPU paths (llama.cpp's default): half
-the bytes every step reads (at 16 SmolLM2 q4 requests of ~300 positions, 110 MB a step instead of 220, against
-~75 MB of weights); fp16 widens to fp32 exactly, so attention reads back the rounded keys and values, and a
-position's rounding never depends on which forward wrote it. Elsewhere it is the activations' dtype.
+The KV cache (`Transformer.kv_dtype`, `--kv-dtype`) holds fp16 on the exact CPU paths below (llama.cpp's default):
+half the bytes a step reads from it (16 SmolLM2 q4 requests at 352 positions read ~260 MB of fp32 keys and values
+a step, twice the ~112 MB of weights; with fp16 that step takes 0.86-0.91x the time, at 1024 positions
+0.70-0.74x; BENCHMARKS.md, session 19). fp16 widens to fp32 exactly, so attention reads back the rounded keys
+and values, and a position's rounding never depends on which forward wrote it. Elsewhere it is the activations'
+dtype.
 Exact models (bf16 on the kernel, q8, q4: `Transformer.row_exact`) attend through the exact-attention kernel
 (`specdec.runtime.kernels.attention`): all n rows in one call, each (row, head) over exactly the key slots a
 single-position forward at that position sees (the cache, then its ancestors and itself), with an order of

@@ -27,7 +27,8 @@
  * of a task share every K and V load. Two cache formats: fp32, or fp16 (`half`; the exact CPU paths' default,
  * `--kv-dtype`) widened to fp32 as it is loaded (F16C's `vcvtph2ps`, exact), then the same operations: an fp16
  * cache gives the bits of an fp32 cache holding the same values, for half the bytes a step reads (SmolLM2 q4,
- * 2-core Zen 4, 16 requests of 1024 positions: a packed decoding step 0.74x the fp32 cache's time). `attend` runs the one it is told (the Python side picks the best per CPU).
+ * 2-core Zen 4, 16 requests of 1024 positions: a packed decoding step 0.70-0.74x the fp32 cache's time).
+ * `attend` runs the instruction set it is told (the Python side picks the best per CPU).
  * Threads: tasks are (batch, row, kv head, chunk of its G query heads), split finer only while some thread
  * would have none: the chunks of one KV head each stream its keys and values, so a split reads them twice.
  * At one row that was most of attention's cost (2-core Zen 4, context 256, one decoding step: SmolLM2 bf16

@@ -184,7 +184,8 @@ void argmax_rows(const float *x, int64_t rows, int64_t n, int64_t ld, int64_t *o
  * that is 0: prompt processing is verified against nothing, so it may take a faster path). kv, per
  * segment and layer: the cache's k and v [1, Hk, S, D]. hidden: per layer 0 or an [N, d] buffer that receives
  * x after it. dims: d, H, Hk, D, I, N (rows of x), layers, segments. isas: qgemm's, skinny's, attend's,
- * threads, qgemm's for prefill rows (0: qgemm's), 1 when the caches hold fp16 (else fp32). Returns 0, or the first failing call's nonzero code (2: out of memory). */
+ * threads, qgemm's for prefill rows (0: qgemm's), 1 when the caches hold fp16 (else fp32). Returns 0, or the
+ * first failing call's nonzero code (2: out of memory). */
 typedef int (*qgemm_fn)(int, int, const float *, const uint8_t *, const float *, const float *, const float *,
                         float *, int64_t, int64_t, int64_t, int64_t, int);
 typedef int (*skinny_fn)(int, const float *, const uint16_t *, const float *, float *, int64_t, int64_t, int64_t, int);
