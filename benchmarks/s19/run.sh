@@ -30,3 +30,10 @@ done; done | tee benchmarks/s19/attention-ab.txt
 .venv/bin/specdec bench --model qwen2.5-coder-1.5b --dtype q4 --methods plain,prompt-lookup,recycling \
     --prompts spec-bench --limit 1 --max-new-tokens 64 --compare-llamacpp --no-progress \
     --out benchmarks/s19/qwen1.5b-specbench-q4
+# #13 on the 1.5B: all levels once, then 1-2 clients twice
+.venv/bin/specdec loadtest --serve auto,always,never --model qwen2.5-coder-1.5b --dtype q4 --concurrency 1,2,4,8,16 \
+    --max-tokens 32 --timeout 900 --out benchmarks/s19/serve-qwen1.5b
+.venv/bin/specdec loadtest --serve auto,always,never --model qwen2.5-coder-1.5b --dtype q4 --concurrency 1,2 \
+    --repeat 2 --max-tokens 32 --timeout 900 --out benchmarks/s19/serve-qwen1.5b-low
+# #16: the SmolLM2 bf16 probe with the final code (probe-smollm2-bf16.txt)
+.venv/bin/specdec probe --model smollm2-135m --dtype bf16 --repeats 7
