@@ -6,7 +6,7 @@ lscpu > benchmarks/s18/lscpu.txt
 # exact attention's score loop, the kernel alone (attention-ab.txt)
 git show 4e3981f:specdec/runtime/kernels/attention.c > /tmp/attention_old.c
 for shape in 9,3,64 12,2,128; do for isa in avx512 avx2; do
-    PYTHONPATH=. .venv/bin/python benchmarks/s18/attention_ab.py /tmp/attention_old.c \
+    PYTHONPATH=. .venv/bin/python benchmarks/s19/attention_ab.py /tmp/attention_old.c \
         specdec/runtime/kernels/attention.c --shape $shape --isa $isa
 done; done
 # ... and in a whole forward

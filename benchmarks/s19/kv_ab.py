@@ -16,6 +16,7 @@ import math
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -84,35 +85,20 @@ def batch(name, B, ctx, k):
 
 
 def engine(C, rounds, per, mode):
+    sys.path.insert(0, str(Path(__file__).parents[1] / "s18"))
+    from engine_ab import rate  # the same loop as session 18's engine A/B
+
     from specdec.bench.prompts import load_prompts
-    from specdec.decode import Request
-    from specdec.serving.engine import Engine, Job
+    from specdec.serving.engine import Engine
     llm = LLM("smollm2-135m", dtype="q4")
     ids = [llm.tokenizer.encode(p.turns[0], chat=True) for p in load_prompts("spec-bench")]
     eng = Engine(llm.model, llm.tokenizer, cost=llm.cost_curve(), speculation=mode, max_batch=C)
     eng.picker = None
-
-    def run(first):
-        done, tokens, sent = [0], [0], 0
-
-        def on_event(e):
-            tokens[0] += len(e.tokens)
-            done[0] += e.finish_reason is not None
-
-        t = time.perf_counter()
-        while done[0] < per:
-            while sent < per and sent - done[0] < C:
-                eng.submit(Job(ids[(first + sent) % len(ids)], Request(max_new_tokens=64), method="prompt-lookup",
-                               on_event=on_event))
-                sent += 1
-            eng.step()
-        return tokens[0] / (time.perf_counter() - t)
-
     rates = {kv: [] for kv in KV}
     for r in range(rounds):
         for kv in (("fp32", "fp16") if r % 2 == 0 else ("fp16", "fp32")):
             llm.model.kv_choice = KV[kv]
-            rates[kv].append(run(r * per))
+            rates[kv].append(rate(eng, ids, C, per, r * per))
         print(r, {k: round(v[-1], 1) for k, v in rates.items()}, flush=True)
     print(f"C = {C}, {mode}: fp32 KV {statistics.median(rates['fp32']):.1f} tok/s, fp16 "
           f"{statistics.median(rates['fp16']):.1f}; fp16 / fp32 "

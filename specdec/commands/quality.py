@@ -6,6 +6,8 @@ import json
 
 
 def register(sub) -> None:
+    from specdec.commands.generate import KV_DTYPES
+
     p = sub.add_parser("quality", help="perplexity and top-1 agreement of weight formats (q4, q8, bf16, fp32)",
                        description="Score the first --tasks HumanEvalFix dev answers (the fixed function after the "
                                    "bug-fix prompt) in each --dtype: perplexity of the answer tokens, and the "
@@ -16,7 +18,7 @@ def register(sub) -> None:
     p.add_argument("--dtype", default="q4,q8", help="comma-separated formats to score: q4, q8, bf16, fp32 "
                                                      "(default q4,q8)")
     p.add_argument("--ref", default="bf16", help="reference dtype for the agreement (default bf16)")
-    p.add_argument("--kv-dtype", default="auto", choices=["auto", "fp16", "fp32"],
+    p.add_argument("--kv-dtype", default="auto", choices=KV_DTYPES,
                    help="the KV cache's dtype for every format scored, the reference's too (default auto: fp16 on "
                         "the CPU's exact paths); results under another than auto are saved as DTYPE+kv-KV")
     p.add_argument("--tasks", type=int, default=8, help="HumanEvalFix dev tasks to score (default 8)")

@@ -94,8 +94,8 @@ static inline __attribute__((always_inline)) void weigh8(float (*acc)[DMAX], con
 }
 
 /* s[g][t] = qs[g] . k[t] for heads g < gp (<= 4) and keys t < nb8 (a multiple of 8); every K chunk is loaded
- * once for the gp heads. Called with literal gp so the partial sums stay in registers, and through `scores8`
- * with a literal nd for head dims 64 and 128 (as score16). */
+ * once for the gp heads. Called through `scores8` (`SCORES`) with literal gp and half, so the partial sums stay
+ * in registers, and a literal nd for head dims 64 and 128 (as score16). */
 static inline __attribute__((always_inline)) void score8(float (*qs)[DMAX], const void *const *kp, int nb8,
                                                          float (*s)[BLK], const int nd, const int gp,
                                                          const int half) {
@@ -115,17 +115,23 @@ static inline __attribute__((always_inline)) void score8(float (*qs)[DMAX], cons
     }
 }
 
-/* score8 with literal gp, half and, for head dims 64 and 128 (nd 8 and 16), literal nd. */
-static void scores8(float (*qs)[DMAX], const void *const *kp, int nb8, float (*s)[BLK], int nd, int gp, int half) {
-#define SC(g, h)                                                                                      \
+/* The body of scores8 / scores16: `score` called with literal gp (1..4), half and, for head dims 64 and 128
+ * (nd n64 and n128 chunks), literal nd, so its loops unroll and its partial sums stay in registers. */
+#define SCORE_CASE(score, n64, n128, g, h)                                                            \
     if (gp == g && half == h) {                                                                       \
-        if (nd == 8) score8(qs, kp, nb8, s, 8, g, h);                                                 \
-        else if (nd == 16) score8(qs, kp, nb8, s, 16, g, h);                                          \
-        else score8(qs, kp, nb8, s, nd, g, h);                                                        \
+        if (nd == n64) score(qs, kp, nb8, s, n64, g, h);                                              \
+        else if (nd == n128) score(qs, kp, nb8, s, n128, g, h);                                       \
+        else score(qs, kp, nb8, s, nd, g, h);                                                         \
         return;                                                                                       \
     }
-    SC(4, 0) SC(3, 0) SC(2, 0) SC(1, 0) SC(4, 1) SC(3, 1) SC(2, 1) SC(1, 1)
-#undef SC
+#define SCORES(score, n64, n128)                                                                      \
+    SCORE_CASE(score, n64, n128, 4, 0) SCORE_CASE(score, n64, n128, 3, 0)                             \
+    SCORE_CASE(score, n64, n128, 2, 0) SCORE_CASE(score, n64, n128, 1, 0)                             \
+    SCORE_CASE(score, n64, n128, 4, 1) SCORE_CASE(score, n64, n128, 3, 1)                             \
+    SCORE_CASE(score, n64, n128, 2, 1) SCORE_CASE(score, n64, n128, 1, 1)
+
+static void scores8(float (*qs)[DMAX], const void *const *kp, int nb8, float (*s)[BLK], int nd, int gp, int half) {
+    SCORES(score8, 8, 16)
 }
 
 /* One task: heads h0 .. h0+gc-1 (all on kv head kh) of row i of batch b; kb, vb that KV head's keys and values,
@@ -263,19 +269,12 @@ T512 static inline __attribute__((always_inline)) void score16(float (*qs)[DMAX]
     }
 }
 
-/* score16 with literal gp, half and, for head dims 64 and 128 (nd 4 and 8), literal nd (as scores8). */
 T512 static void scores16(float (*qs)[DMAX], const void *const *kp, int nb8, float (*s)[BLK], int nd, int gp,
                           int half) {
-#define SC(g, h)                                                                                      \
-    if (gp == g && half == h) {                                                                       \
-        if (nd == 4) score16(qs, kp, nb8, s, 4, g, h);                                                \
-        else if (nd == 8) score16(qs, kp, nb8, s, 8, g, h);                                           \
-        else score16(qs, kp, nb8, s, nd, g, h);                                                       \
-        return;                                                                                       \
-    }
-    SC(4, 0) SC(3, 0) SC(2, 0) SC(1, 0) SC(4, 1) SC(3, 1) SC(2, 1) SC(1, 1)
-#undef SC
+    SCORES(score16, 4, 8)
 }
+#undef SCORES
+#undef SCORE_CASE
 
 T512 static inline __attribute__((always_inline)) void task512(const float *q, int64_t q_sb, int64_t q_sh,
                                                                int64_t q_sn, const void *kb, const void *vb,
