@@ -51,11 +51,16 @@ def inputs(H, Hk, D, start, n, seed, B=1):
 @pytest.mark.parametrize("layout", ["chain", "tree", "window"])
 @pytest.mark.parametrize("threads", [1, 2, 5])
 @pytest.mark.parametrize("use", ISAS)
-def test_rows_equal_single_row_calls(H, Hk, D, layout, threads, use):
+@pytest.mark.parametrize("start", [70, 190])
+@pytest.mark.parametrize("kv", ["fp32", "fp16"])
+def test_rows_equal_single_row_calls(H, Hk, D, layout, threads, use, start, kv):
+    """The lists cross a 64-key block boundary (after 70 or 190 cached positions), over an fp32 or fp16 cache."""
     if use == "avx512" and D % 16:
         pytest.skip("the AVX512 path takes head dims that are multiples of 16")
-    start, n = 70, 13  # the lists cross a 64-key block boundary
+    n = 13
     q, keys, values, g = inputs(H, Hk, D, start, n, seed=H + D)
+    if kv == "fp16":
+        keys, values = keys.half(), values.half()
     paths = [list(range(i + 1)) for i in range(n)] if layout == "chain" else random_paths(n, g, layout == "tree")
     rows = attention.Rows.chain(n, start) if layout == "chain" else attention.Rows.from_paths(paths, start)
     k_new, v_new = keys[:, :, start:start + n].clone(), values[:, :, start:start + n].clone()
@@ -65,7 +70,7 @@ def test_rows_equal_single_row_calls(H, Hk, D, layout, threads, use):
         assert torch.equal(out[:, i], alone), (layout, i)
         # and the values are attention's: torch over the same keys
         slots = list(range(start)) + [start + j for j in path]
-        ref = F.scaled_dot_product_attention(q[:, :, i:i + 1], keys[:, :, slots], values[:, :, slots],
+        ref = F.scaled_dot_product_attention(q[:, :, i:i + 1], keys[:, :, slots].float(), values[:, :, slots].float(),
                                              enable_gqa=H != Hk)
         torch.testing.assert_close(out[:, i], ref[:, :, 0], rtol=1e-5, atol=1e-5)
 

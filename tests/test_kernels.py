@@ -148,7 +148,7 @@ def test_a_model_keeps_the_path_it_was_loaded_with(monkeypatch, tiny_folder, pat
 
 
 def test_packed_layout_round_trip_and_same_bits(path):
-    """The AVX512-BF16 path's layout (`pack_bf16`): element [g, p, j, t] is W[16 g + j, 2 p + t], zero-padded to
+    """The AVX512-BF16 and AMX paths' layout (`pack_bf16`): element [g, p, j, t] is W[16 g + j, 2 p + t], zero-padded to
     whole groups and pairs; unpacking gives W back; a packed weight and its [out, in] matrix give the same bits
     on every path (each converts to the layout its path takes)."""
     w = torch.randn(37, 45).to(torch.bfloat16)
@@ -162,18 +162,20 @@ def test_packed_layout_round_trip_and_same_bits(path):
         kernels.linear_bf16(torch.randn(2, 47), packed, path=path)
 
 
-def test_a_model_on_the_avx512_path_holds_its_weights_packed_once(tmp_path, monkeypatch):
-    """Loaded for "avx512bf16", each projection's weight is the packed layout in place of the matrix (4-D, so
-    nothing reads it as [out, in]); a tied table is packed once, shared by the LM head, and the embedding
+@pytest.mark.parametrize("packing", ["avx512bf16", "amx"])
+def test_a_model_on_a_packing_path_holds_its_weights_packed_once(tmp_path, monkeypatch, packing):
+    """Loaded for "avx512bf16" or "amx", each projection's weight is the packed layout in place of the matrix (4-D,
+    so nothing reads it as [out, in]); a tied table is packed once, shared by the LM head, and the embedding
     gathers the same rows from it as from the matrix."""
-    if kernels.unavailable("avx512bf16"):
-        pytest.skip(f"avx512bf16: {kernels.unavailable('avx512bf16')}")
+    if kernels.unavailable(packing):
+        pytest.skip(f"{packing}: {kernels.unavailable(packing)}")
+    assert kernels.packs(packing) and not kernels.packs("avx2")
     ids = torch.tensor([[0, 5, 17, VOCAB - 1]])
     for arch, tied in (("llama", False), ("qwen2", True)):
         folder = save_tiny(arch, tmp_path / arch)
         monkeypatch.setenv("SPECDEC_MATMUL", "avx2")
         plain = load_transformer(folder, torch.bfloat16)
-        monkeypatch.setenv("SPECDEC_MATMUL", "avx512bf16")
+        monkeypatch.setenv("SPECDEC_MATMUL", packing)
         model = load_transformer(folder, torch.bfloat16)
         assert model.layers[0].qkv.weight.dim() == 4 and model.lm_head.weight.dim() == 4
         assert (model.lm_head.weight is model.embed.weight) == tied and model.embed.weight.dim() == (4 if tied else 2)

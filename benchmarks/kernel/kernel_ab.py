@@ -66,8 +66,11 @@ def main():
              for _ in range(layers) for name, (out, inn) in shapes.items() if name != "lm"]
     calls.append(("lm", (torch.randn(*shapes["lm"]) * 0.02).to(torch.bfloat16)))
     isas = [PATHS[args.path][0], PATHS[args.path_b or args.path][0]]
-    # a source whose AVX512-BF16 path takes kernels.pack_bf16's layout (session 17 on) gets its weights packed
-    packed = [isa == PATHS["avx512bf16"][0] and "pack_bf16" in Path(src).read_text() for isa, src in zip(isas, (args.a, args.b))]
+    # a source whose AVX512-BF16 path takes kernels.pack_bf16's layout (session 17 on) gets its weights packed, and
+    # one whose AMX path does (session 20 on)
+    packed = [(isa == PATHS["avx512bf16"][0] and "pack_bf16" in Path(src).read_text())
+              or (isa == PATHS["amx"][0] and "pack_bf16's layout for ISA_AVX512BF16 and" in Path(src).read_text())
+              for isa, src in zip(isas, (args.a, args.b))]
     weights = [[(name, pack_bf16(w) if p else w, *w.shape) for name, w in calls] for p in packed]
     with tempfile.TemporaryDirectory() as tmp:
         libs = [load(args.a, Path(tmp)), load(args.b, Path(tmp))]

@@ -54,7 +54,7 @@ def main():
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--n", default="1,4,8,64", help="positions per call, comma-separated")
     ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--isa", default="vnni512", choices=list(Q.ISAS))
+    ap.add_argument("--isa", default="vnni512", choices=list(Q.ISAS) + list(Q.PREFILL_ISAS))
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--only", default="q4k,q6k", help="formats to time, comma-separated")
     args = ap.parse_args()
@@ -75,7 +75,7 @@ def main():
                     for i, lib in enumerate(libs):
                         t = time.perf_counter()
                         for w in ws:
-                            lib.qgemm(Q._FMT[fmt], Q.ISAS[args.isa], x.data_ptr(), w.data.data_ptr(),
+                            lib.qgemm(Q._FMT[fmt], {**Q.ISAS, **Q.PREFILL_ISAS}[args.isa], x.data_ptr(), w.data.data_ptr(),
                                       w.scales.data_ptr(), None if w.mins is None else w.mins.data_ptr(), None,
                                       ys[i].data_ptr(), out, n, inn, out, args.threads)
                         if rep:

@@ -4,9 +4,10 @@ What it does. `linear_bf16(x, W, bias, path=...)` computes y[n, out] = x[n, in] 
 fp32 activations and a bf16 weight matrix, on one of four paths (`PATHS`, chosen from /proc/cpuinfo's
 flags by `choose_path`; `matmul_path()` is this machine's, `SPECDEC_MATMUL=amx|avx512bf16|avx2|torch` forces one):
 - "amx" (Sapphire Rapids and later Xeons): `skinny.c`'s AMX-BF16 path rounds x to bf16 and multiplies
-  16 x 32 weight tiles (W as stored) by 32 x 16 tiles of x with `tdpbf16ps`, 8192 multiply-adds an
-  instruction: a forward over 16 positions costs about what one costs (n = 16: 1.07 of n = 1 on the
-  1.5B's shapes, where the AVX512-BF16 path pays 3.2x), and n = 1 is within 3% of that path;
+  tiles of up to 16 positions x 32 inputs by 32 x 16 weight tiles (`pack_bf16`'s layout, 1 KB each) with
+  `tdpbf16ps`, 8192 multiply-adds an instruction, storing each 16 x 16 result straight into y: a forward over
+  16 positions costs about what one costs (n = 16: 1.07 of n = 1 on the 1.5B's shapes, where the AVX512-BF16
+  path pays 3.2x), and n = 1 is within 3% of that path;
 - "avx512bf16" (Zen 4/5, Sapphire Rapids and later): the C kernel (`skinny.c`) rounds each row of x to
   bf16 and multiplies 32 weights per instruction with `vdpbf16ps` into fp32 lanes, W repacked once at load
   (`pack_bf16`: for 16 outputs, one pair of inputs per 64-byte load) so each lane is one output and no
@@ -252,8 +253,8 @@ def reason() -> str:
 
 
 def packs(path: str | None) -> bool:
-    """Whether the kernel's `path` takes its weights repacked (`pack_bf16`): "avx512bf16" does."""
-    return path == "avx512bf16"
+    """Whether the kernel's `path` takes its weights repacked (`pack_bf16`): "avx512bf16" and "amx" do."""
+    return path in ("avx512bf16", "amx")
 
 
 def pack_bf16(weight: torch.Tensor) -> torch.Tensor:

@@ -1,21 +1,29 @@
 /* AMX-BF16 tile machinery shared by skinny.c (bf16 weights) and qgemm.c (quantized weights, prefill).
  *
- * One `tdpbf16ps` multiplies a 16 x 32 bf16 tile A (16 outputs x 32 inputs) by a 32 x 16 tile B (32 inputs x 16
- * positions, pair-interleaved) into a 16 x 16 fp32 tile C: 8192 multiply-adds. Each C element sums its own row
- * of A and column of B in the hardware's fixed order, never mixing other rows or columns, so an output's bits
- * do not depend on how many positions share the call. `amx_unit` runs one unit of up to 32 outputs (2 C
- * tiles sharing each B tile) over all positions, 16 at a time; `amx_pack_x` lays x out as B tiles.
+ * One `tdpbf16ps` multiplies a 16 x 32 bf16 tile A by a 32 x 16 tile B into a 16 x 16 fp32 tile C: 8192
+ * multiply-adds. Here A is x (up to 16 positions x 32 inputs, its rows as they lie in memory, rounded to bf16) and
+ * B is the weights (32 inputs x 16 outputs in the pair-interleaved order the instruction wants: one 64-byte row per
+ * pair of inputs, the 16 outputs' pairs side by side; kernels.pack_bf16's layout, which skinny.c's weights are
+ * packed in at load and qgemm.c dequantizes into per unit), so C[j][o] is y[j][o] and leaves the tile in one store
+ * straight into y. Each C element sums its own row of A and column of B in the hardware's fixed order, never mixing
+ * other rows or columns, so an output's bits do not depend on how many positions share the call. `amx_unit` runs
+ * one unit of up to 32 outputs (2 C tiles sharing each A tile) over all positions, 16 at a time.
  * Linux hands out the tile registers only on request (arch_prctl ARCH_REQ_XCOMP_PERM, once per process); a
  * thread loads the tile configuration (`amx_configure`) before its units and releases the tiles after.
+ * Session 12's first version had the roles the other way round (W's rows as A, x packed per call as B), so each
+ * position's outputs left C in a gather: on a 2-core Xeon (family 6 model 167) the gathers were ~1.0 ms and the
+ * packing of x ~0.6 ms of the 1.25 ms that 16 positions added to SmolLM2's bf16 matmuls (kernel_ab.py), and the
+ * gathers 7% of the 1.5B's q4 prefill (qgemm_parts.py).
  *
- * Worked example: 40 positions, 64 inputs, 48 outputs: B holds 3 chunks of 16 positions (the last one 8 real
- * and 8 zero columns) x 2 steps of 32 inputs; units [0, 32) (2 C tiles) and [32, 48) (1 C tile); per unit and
- * chunk 2 steps of (load B, load A per tile, tdpbf16ps per tile), then each position's outputs leave C.
+ * Worked example: 40 positions, 64 inputs, 48 outputs: x is padded to 48 rows (3 chunks of 16, the last with 8
+ * zero rows); units [0, 32) (2 C tiles) and [32, 48) (1 C tile); per unit and chunk 2 steps of (load A, load B per
+ * tile, tdpbf16ps per tile), then each tile goes to y (the last chunk's 8 real rows through a copy).
  */
 #ifndef SPECDEC_AMX_H
 #define SPECDEC_AMX_H
 #include <cpuid.h>
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -61,69 +69,68 @@ static int amx_cpu(void) { /* CPUID.(7, 0):EDX bits 22 (AMX-BF16) and 24 (AMX-TI
     return state;
 }
 
-AMX_FN static void amx_configure(void) { /* palette 1, tiles 0-7 of 16 rows x 64 bytes (the 64-byte layout of ldtilecfg) */
+/* The tile configuration: C tiles 0 and 1 and the A tile 4 with `rows` rows (the positions of a call of fewer
+ * than 16, else 16), the B tiles 5 and 6 with 16 (pairs of inputs); all 64 bytes wide. */
+AMX_FN static void amx_configure(int rows) {
     uint8_t cfg[64] __attribute__((aligned(64))) = {1};
-    for (int t = 0; t < 8; t++) cfg[16 + 2 * t] = 64, cfg[48 + t] = 16; /* colsb (uint16, little-endian), rows */
+    for (int t = 0; t < 8; t++) cfg[16 + 2 * t] = 64, cfg[48 + t] = (t == 0 || t == 1 || t == 4) ? rows : 16;
     __asm__ volatile("" ::"r"(cfg) : "memory"); /* gcc 12 dropped the stores of a struct's fields before it */
     _tile_loadconfig(cfg);
 }
 
-/* x rounded to bf16 (xb [n, in]) into B tiles: [chunk of 16 positions][pair p < k32 / 2][position j], a
- * 32-bit word each (inputs 2p, 2p + 1 of position 16 chunk + j; zero past n). */
-static void amx_pack_x(const uint16_t *xb, uint32_t *B, int64_t n, int64_t in, int64_t k32) {
-    const int64_t pairs = k32 / 2, chunks = (n + 15) / 16;
-    for (int64_t c = 0; c < chunks; c++) {
-        const int64_t m = n - 16 * c < 16 ? n - 16 * c : 16;
-        for (int64_t p = 0; p < pairs; p++) { /* one B row: 16 words, stored in order */
-            uint32_t *row = B + (c * pairs + p) * 16;
-            for (int64_t j = 0; j < m; j++) memcpy(row + j, xb + (16 * c + j) * in + 2 * p, 4);
-            for (int64_t j = m; j < 16; j++) row[j] = 0;
+/* y[i0 .. i0+m, og .. og+valid) from a C tile stored in c (16 floats a row): the leftover inputs k32 .. in-1
+ * (W their group's pair rows), then the bias. */
+static void amx_finish(const float *c, const uint16_t *W, const uint16_t *xb, const float *bias, float *y, int64_t ldy,
+                       int64_t i0, int64_t m, int64_t og, int64_t valid, int64_t in, int64_t k32) {
+    for (int64_t j = 0; j < m; j++)
+        for (int64_t o = 0; o < valid; o++) {
+            float v = c[16 * j + o];
+            for (int64_t k = k32; k < in; k++)
+                v = fmaf(bf16_to_f32(W[(k / 2 * 16 + o) * 2 + k % 2]), bf16_to_f32(xb[(i0 + j) * in + k]), v);
+            if (bias) v = v + bias[og + o];
+            y[(i0 + j) * ldy + og + o] = v;
         }
-    }
 }
 
-/* One unit: outputs [o0, o0 + 16 * groups) for all n rows into y (row stride ldy). A[g]: the first bf16 weight row
- * of group g (W's rows, a padded copy of a last partial group, or rows dequantized for this unit), lda its row
- * stride in bytes. W and xb are read only for inputs past the last multiple of 32 (none when in % 32 == 0). */
-AMX_FN static void amx_unit(const uint16_t *const A[2], int64_t lda, int groups, const uint32_t *B, const uint16_t *W,
-                          const uint16_t *xb, const float *bias, float *y, int64_t ldy, int64_t n, int64_t in,
-                          int64_t out, int64_t o0) {
-    const int64_t k32 = in & ~(int64_t)31, steps = k32 / 32, chunks = (n + 15) / 16;
-    float c[2][16 * 16] __attribute__((aligned(64)));
-    const __m512i col = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64, 48, 32, 16, 0);
+/* One unit: outputs [o0, o0 + 16 * groups) (groups <= 2) for all n positions into y (row stride ldy). xb: x in bf16
+ * [n, in], padded with zero rows to a multiple of 16 when n > 16. W: the unit's first group of 16 outputs in the
+ * pair layout (pairs = ceil(in / 2) rows of 32 bf16 a group, the next group after it). The tiles cover the inputs
+ * up to the last multiple of 32; the rest (none in the models here) go through scalar fmaf's after them. The
+ * configuration's rows (`amx_configure`) are n's when n < 16. */
+AMX_FN static void amx_unit(const uint16_t *xb, const uint16_t *W, int groups, const float *bias, float *y, int64_t ldy,
+                            int64_t n, int64_t in, int64_t out, int64_t o0) {
+    const int64_t pairs = (in + 1) / 2, k32 = in & ~(int64_t)31, steps = k32 / 32, chunks = (n + 15) / 16;
+    const uint16_t *B0 = W, *B1 = W + pairs * 32;
+    float c[16 * 16] __attribute__((aligned(64)));
     for (int64_t ch = 0; ch < chunks; ch++) {
-        _tile_zero(0); _tile_zero(1);
-        const uint32_t *Bc = B + ch * (k32 / 2) * 16;
-        for (int64_t s = 0; s < steps; s++) {
-            _tile_loadd(6, Bc + s * 256, 64);
-            _tile_loadd(4, A[0] + 32 * s, lda);
-            _tile_dpbf16ps(0, 4, 6);
-            if (groups > 1) { _tile_loadd(5, A[1] + 32 * s, lda); _tile_dpbf16ps(1, 5, 6); }
-        }
-        _tile_stored(0, c[0], 64);
-        if (groups > 1) _tile_stored(1, c[1], 64);
+        const uint16_t *A = xb + 16 * ch * in;
         const int64_t m = n - 16 * ch < 16 ? n - 16 * ch : 16;
+        _tile_zero(0);
+        _tile_zero(1);
+        for (int64_t s = 0; s < steps; s++) {
+            _tile_loadd(4, A + 32 * s, in * 2);
+            _tile_loadd(5, B0 + 16 * s * 32, 64);
+            _tile_dpbf16ps(0, 4, 5);
+            if (groups > 1) {
+                _tile_loadd(6, B1 + 16 * s * 32, 64);
+                _tile_dpbf16ps(1, 4, 6);
+            }
+        }
         for (int g = 0; g < groups; g++) {
             const int64_t og = o0 + 16 * g, valid = out - og < 16 ? out - og : 16;
-            if (k32 == in) { /* column j of C (a gather at col + j) is position j's 16 outputs, stored in one go */
-                const __mmask16 mask = (__mmask16)((1u << valid) - 1u);
-                const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + og) : _mm512_setzero_ps();
-                for (int64_t j = 0; j < m; j++) {
-                    __m512 v = _mm512_i32gather_ps(_mm512_add_epi32(col, _mm512_set1_epi32((int)j)), c[g], 4);
-                    if (bias) v = _mm512_add_ps(v, bv);
-                    _mm512_mask_storeu_ps(y + (16 * ch + j) * ldy + og, mask, v);
+            float *dst = y + 16 * ch * ldy + og;
+            if (valid == 16 && k32 == in && (m == 16 || n < 16)) { /* the tile holds exactly the m rows: into y */
+                if (g == 0) _tile_stored(0, dst, ldy * 4);
+                else _tile_stored(1, dst, ldy * 4);
+                if (bias) {
+                    const __m512 bv = _mm512_loadu_ps(bias + og);
+                    for (int64_t j = 0; j < m; j++)
+                        _mm512_storeu_ps(dst + j * ldy, _mm512_add_ps(_mm512_loadu_ps(dst + j * ldy), bv));
                 }
-                continue;
-            }
-            for (int64_t j = 0; j < m; j++) {
-                const int64_t i = 16 * ch + j;
-                for (int64_t o = 0; o < valid; o++) {
-                    float v = c[g][16 * o + j];
-                    for (int64_t k = k32; k < in; k++)
-                        v = fmaf(bf16_to_f32(W[(og + o) * in + k]), bf16_to_f32(xb[i * in + k]), v);
-                    if (bias) v = v + bias[og + o];
-                    y[i * ldy + og + o] = v;
-                }
+            } else {
+                if (g == 0) _tile_stored(0, c, 64);
+                else _tile_stored(1, c, 64);
+                amx_finish(c, g ? B1 : B0, xb, bias, y, ldy, 16 * ch, m, og, valid, in, k32);
             }
         }
     }

@@ -528,12 +528,12 @@ static const tile_fn T256_Q4K[ROWS + 1] = LIST(t256, 41), T256_Q6K[ROWS + 1] = L
  * Prompt processing is not verified against anything, so it may take a faster path than decoding, as long as
  * that path is the same for every prompt position whatever the chunk (`ISA_AMX`, asked for by the fused
  * forward for prefill rows only). Per unit of 32 outputs (two groups of 16) each thread dequantizes the
- * unit's rows into its own bf16 buffer (L2-resident: 32 x in x 2 bytes, 96 KB at 1536 inputs), then amx.h's
- * `amx_unit` multiplies them by all n positions, 16 at a time. A weight becomes bf16(q * s - m) (one fused
+ * unit's rows into its own bf16 buffer in amx.h's pair layout (L2-resident: 32 x in x 2 bytes, 96 KB at 1536
+ * inputs), then amx.h's `amx_unit` multiplies all n positions by them, 16 at a time. A weight becomes bf16(q * s - m) (one fused
  * multiply-subtract, rounded once to fp32, then to bf16 to nearest even): q8 s = d, m = 128 d on the biased
  * byte; q4 s, m; q4k s = d * sc, m = dmin * mn; q6k s = d * sc, m = 32 s. Against the fp32 weights that is a
  * relative error of at most 2^-9 per weight, x's bf16 rounding another 2^-9, the same as the bf16 path's.
- * Order: within a block of 32 inputs the dequantized row keeps the packed layout's order, which for the
+ * Order: within a block of 32 inputs the dequantized weights keep the packed layout's order, which for the
  * nibble formats (q4, q4k, q6k) is NIB_ORDER (the low nibbles of the 4 chunks, then the high ones); x's block
  * is permuted the same way when it is rounded to bf16, so each product pairs the right weight and input.
  * Each output is then c = tdpbf16ps over the blocks in order (+ bias), independent of n, the unit and the
@@ -553,111 +553,104 @@ AMX_FN static void amx_round_x(const float *x, uint16_t *xb, int64_t n, int64_t 
     }
 }
 
-/* Per 128-bit lane, a 4 x 4 transpose of dwords: afterwards v[r]'s lane l holds dword 4l + r of v[0..3]. */
-AMX_FN static inline void transpose4(__m512i v[4]) {
-    const __m512i t0 = _mm512_unpacklo_epi32(v[0], v[1]), t1 = _mm512_unpackhi_epi32(v[0], v[1]);
-    const __m512i t2 = _mm512_unpacklo_epi32(v[2], v[3]), t3 = _mm512_unpackhi_epi32(v[2], v[3]);
-    v[0] = _mm512_unpacklo_epi64(t0, t2); v[1] = _mm512_unpackhi_epi64(t0, t2);
-    v[2] = _mm512_unpacklo_epi64(t1, t3); v[3] = _mm512_unpackhi_epi64(t1, t3);
-}
-
-/* 16 x 32 integer weights (byte q[k][t] at q + 32 k + t, in the block's order) -> 16 bf16 rows of the block:
- * row k at out + k * ld, bf16(q * s - m) with s, m the vectors sv[k], mv[k] (16 lanes: positions t and t + 16 share
- * a lane's scale, as each format's order keeps scales per 16 positions or per block). */
-AMX_FN static inline void put_rows(const uint8_t *q, const __m512 *sv, const __m512 *mv, uint16_t *out, int64_t ld) {
-    for (int k = 0; k < 16; k++) {
-        const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 32 * k))));
-        const __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 32 * k + 16))));
-        _mm512_storeu_si512(out + k * ld, (__m512i)_mm512_cvtne2ps_pbh(_mm512_fmsub_ps(b, sv[k], mv[k]),
-                                                                       _mm512_fmsub_ps(a, sv[k], mv[k])));
+/* The 4 chunks of 64 bytes at c (each [output k][4 bytes], as q8's bytes, q4's nibbles or q6k's low bits and high
+ * bits), with `shift_lo` (chunks 0, 2) or `shift_hi` (chunks 1, 3) and `mask` applied to every byte -> the pair rows
+ * 8 half .. 8 half + 7 of the block in q: pair row p holds, for outputs k = 0..15, the bytes of block positions 2p and
+ * 2p + 1 (q + 32 p + 2 k), where chunk t's bytes are positions 16 half + 4 t .. + 3. */
+AMX_FN static inline void pairs_of(const __m512i c[4], int half, int shift_lo, int shift_hi, uint8_t *q,
+                                   const __m512i mask) {
+    for (int t = 0; t < 4; t++) {
+        const __m512i v = _mm512_and_si512(_mm512_srli_epi32(c[t], (unsigned)(t % 2 ? shift_hi : shift_lo)), mask);
+        const int64_t p = 8 * half + 2 * t;
+        _mm256_storeu_si256((__m256i *)(q + 32 * p), _mm512_cvtepi32_epi16(v));
+        _mm256_storeu_si256((__m256i *)(q + 32 * (p + 1)), _mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)));
     }
 }
 
-/* The 4 chunks of 64 bytes at p (each [row k][4 bytes], as q4's nibbles or q6k's low bits and high bits) ->
- * q[k][0..15] = the row's 16 bytes (chunk-major) with `shift`/`mask` applied, written at q + 32 k + half * 16. */
-AMX_FN static inline void rows_of(const __m512i c[4], int half, int shift_lo, int shift_hi, uint8_t *q,
-                                  const __m512i mask) {
-    __m512i v[4] = {c[0], c[1], c[2], c[3]};
-    transpose4(v);
-    const __m512i sh = _mm512_setr_epi32(shift_lo, shift_hi, shift_lo, shift_hi, shift_lo, shift_hi, shift_lo, shift_hi,
-                                         shift_lo, shift_hi, shift_lo, shift_hi, shift_lo, shift_hi, shift_lo, shift_hi);
-    for (int r = 0; r < 4; r++) {
-        uint8_t lanes[64] __attribute__((aligned(64)));
-        _mm512_store_si512(lanes, _mm512_and_si512(_mm512_srlv_epi32(v[r], sh), mask));
-        for (int l = 0; l < 4; l++) memcpy(q + 32 * (4 * l + r) + 16 * half, lanes + 16 * l, 16);
+/* The block's 16 pair rows from pairs_of's bytes into out, in amx.h's pair layout: row p is bf16(q * s - m) for
+ * outputs k = 0..15 at positions 2p and 2p + 1, side by side. s, m: per output, one value for pair rows 0-3 and 8-11
+ * (positions 0-7 and 16-23) and one for 4-7 and 12-15 (8-15 and 24-31): sa, ma and sb, mb (16 lanes, one an output);
+ * the formats with one scale per block pass the same twice. */
+AMX_FN static inline void put_pairs(const uint8_t *q, __m512 sa, __m512 ma, __m512 sb, __m512 mb, uint16_t *out) {
+    const __m512i lo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    const __m512 s[2][2] = {{_mm512_permutexvar_ps(lo, sa), _mm512_permutexvar_ps(hi, sa)},
+                            {_mm512_permutexvar_ps(lo, sb), _mm512_permutexvar_ps(hi, sb)}};
+    const __m512 m[2][2] = {{_mm512_permutexvar_ps(lo, ma), _mm512_permutexvar_ps(hi, ma)},
+                            {_mm512_permutexvar_ps(lo, mb), _mm512_permutexvar_ps(hi, mb)}};
+    for (int p = 0; p < 16; p++) {
+        const int w = (p / 4) % 2; /* which scale */
+        const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 32 * p))));
+        const __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 32 * p + 16))));
+        _mm512_storeu_si512(out + 32 * p, (__m512i)_mm512_cvtne2ps_pbh(_mm512_fmsub_ps(b, s[w][1], m[w][1]),
+                                                                       _mm512_fmsub_ps(a, s[w][0], m[w][0])));
     }
 }
 
-/* Group g's 16 rows of a q-format matrix, all `in` inputs, into out (row stride `in` bf16). */
+/* Group g's 16 rows of a q-format matrix, all `in` inputs, into out in the pair layout (in / 2 rows of 32 bf16). */
 AMX_FN static void dequant_group(int fmt, const uint8_t *W, const float *S, const float *M, int64_t in, uint16_t *out) {
     const int64_t nb = in / QB;
     const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3), all = _mm512_set1_epi8(-1);
     uint8_t q[16 * 32] __attribute__((aligned(64)));
-    __m512 sv[16], mv[16];
     for (int64_t b = 0; b < nb; b++) {
         __m512i c[4];
+        __m512 sa, ma, sb, mb;
         if (fmt == FMT_Q8) { /* [t < 8][k][e]: natural order, t < 4 the first 16 inputs */
             const uint8_t *p = W + b * 512;
             for (int h = 0; h < 2; h++) {
                 for (int t = 0; t < 4; t++) c[t] = _mm512_loadu_si512(p + 256 * h + 64 * t);
-                rows_of(c, h, 0, 0, q, all);
+                pairs_of(c, h, 0, 0, q, all);
             }
-            for (int k = 0; k < 16; k++) {
-                const float d = S[b * 16 + k];
-                sv[k] = _mm512_set1_ps(d), mv[k] = _mm512_set1_ps(128.0f * d);
-            }
+            sa = sb = _mm512_loadu_ps(S + b * 16);
+            ma = mb = _mm512_mul_ps(sa, _mm512_set1_ps(128.0f));
         } else {
             const int64_t S_ = b / BPS, j = b % BPS; /* super-block, block in it (k-formats) */
             const uint8_t *p = fmt == FMT_Q4 ? W + b * 256 : W + S_ * chunk_bytes(fmt) + j * 256;
             for (int t = 0; t < 4; t++) c[t] = _mm512_loadu_si512(p + 64 * t);
-            rows_of(c, 0, 0, 0, q, m4);
-            rows_of(c, 1, 4, 4, q, m4);
+            pairs_of(c, 0, 0, 0, q, m4);
+            pairs_of(c, 1, 4, 4, q, m4);
             if (fmt == FMT_Q6K) { /* high 2 bits: [p < 2][k][e], input 16p + 4j + e at bits 2j; chunk c is p = c / 2,
                                      j = 2 (c % 2) for the low-nibble half, + 1 for the high one */
                 const uint8_t *hb = W + S_ * 3328 + 2048 + j * 128;
                 const __m512i h0 = _mm512_loadu_si512(hb), h1 = _mm512_loadu_si512(hb + 64);
                 const __m512i hc[4] = {h0, h0, h1, h1};
                 uint8_t hq[16 * 32] __attribute__((aligned(64)));
-                rows_of(hc, 0, 0, 4, hq, m2);
-                rows_of(hc, 1, 2, 6, hq, m2);
+                pairs_of(hc, 0, 0, 4, hq, m2);
+                pairs_of(hc, 1, 2, 6, hq, m2);
                 for (int t = 0; t < 16 * 32; t += 64)
                     _mm512_store_si512(q + t, _mm512_or_si512(_mm512_load_si512(q + t),
                                                               _mm512_slli_epi16(_mm512_load_si512(hq + t), 4)));
             }
-            for (int k = 0; k < 16; k++) {
-                if (fmt == FMT_Q4) {
-                    sv[k] = _mm512_set1_ps(S[b * 16 + k]), mv[k] = _mm512_set1_ps(M[b * 16 + k]);
-                } else if (fmt == FMT_Q4K) {
-                    const uint8_t *scm = W + S_ * 2304 + 2048;
-                    sv[k] = _mm512_set1_ps(S[S_ * 16 + k] * (float)scm[j * 16 + k]);
-                    mv[k] = _mm512_set1_ps(M[S_ * 16 + k] * (float)scm[128 + j * 16 + k]);
-                } else { /* positions 0-7 and 16-23 are sub-block 2j, 8-15 and 24-31 sub-block 2j + 1 */
-                    const int8_t *sc = (const int8_t *)(W + S_ * 3328 + 3072);
-                    const float d = S[S_ * 16 + k];
-                    const __m512 s = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d * (float)sc[(2 * j) * 16 + k]),
-                                                          _mm512_set1_ps(d * (float)sc[(2 * j + 1) * 16 + k]));
-                    sv[k] = s, mv[k] = _mm512_mul_ps(s, _mm512_set1_ps(32.0f));
-                }
+            if (fmt == FMT_Q4) {
+                sa = sb = _mm512_loadu_ps(S + b * 16), ma = mb = _mm512_loadu_ps(M + b * 16);
+            } else if (fmt == FMT_Q4K) {
+                const uint8_t *scm = W + S_ * 2304 + 2048;
+                sa = sb = _mm512_mul_ps(_mm512_loadu_ps(S + S_ * 16), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                                                          _mm_loadu_si128((const __m128i *)(scm + j * 16)))));
+                ma = mb = _mm512_mul_ps(_mm512_loadu_ps(M + S_ * 16), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                                                          _mm_loadu_si128((const __m128i *)(scm + 128 + j * 16)))));
+            } else { /* positions 0-7 and 16-23 are sub-block 2j, 8-15 and 24-31 sub-block 2j + 1 */
+                const int8_t *sc = (const int8_t *)(W + S_ * 3328 + 3072);
+                const __m512 d = _mm512_loadu_ps(S + S_ * 16);
+                sa = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + 2 * j * 16)))));
+                sb = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + (2 * j + 1) * 16)))));
+                ma = _mm512_mul_ps(sa, _mm512_set1_ps(32.0f)), mb = _mm512_mul_ps(sb, _mm512_set1_ps(32.0f));
             }
         }
-        put_rows(q, sv, mv, out + b * QB, in);
+        put_pairs(q, sa, ma, sb, mb, out + b * QB * 16);
     }
 }
 
 /* qgemm's ISA_AMX path (in % 32 == 0). Returns 0, or 2 when out of memory. */
 AMX_FN static int qgemm_amx(int fmt, const float *x, const uint8_t *W, const float *S, const float *M, const float *bias,
                             float *y, int64_t ldy, int64_t n, int64_t in, int64_t out, int threads) {
-    const int64_t nb = in / QB, groups = (out + G - 1) / G, units = (groups + 1) / 2, chunks = (n + 15) / 16;
+    const int64_t nb = in / QB, groups = (out + G - 1) / G, units = (groups + 1) / 2, rows = (n + 15) / 16 * 16;
     const int64_t wgroup = KFMT(fmt) ? nb / BPS * chunk_bytes(fmt) : nb * chunk_bytes(fmt);
     const int64_t sgroup = KFMT(fmt) ? nb / BPS * G : nb * G;
-    uint16_t *xb = aligned_alloc(64, ((size_t)(n * in) * 2 + 127) & ~(size_t)63);
-    uint32_t *B = aligned_alloc(64, ((size_t)(chunks * nb * 16 * 16) * 4 + 127) & ~(size_t)63);
-    if (!xb || !B) {
-        free(xb); free(B);
-        return 2;
-    }
+    uint16_t *xb = aligned_alloc(64, ((size_t)(rows * in) * 2 + 127) & ~(size_t)63);
+    if (!xb) return 2;
     amx_round_x(x, xb, n, in, fmt == FMT_Q8 ? 0 : NIB_ORDER);
-    amx_pack_x(xb, B, n, in, in);
+    if (n > 16) memset(xb + n * in, 0, (size_t)((rows - n) * in) * 2);
     if (threads > units) threads = (int)units;
     int rc = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -669,20 +662,19 @@ AMX_FN static int qgemm_amx(int fmt, const float *x, const uint8_t *W, const flo
         } else {
             int64_t u0, u1;
             amx_share(units, &u0, &u1);
-            amx_configure();
+            amx_configure(n < 16 ? (int)n : 16);
             for (int64_t u = u0; u < u1; u++) {
                 const int gs = (int)(groups - 2 * u < 2 ? groups - 2 * u : 2);
                 for (int g = 0; g < gs; g++)
                     dequant_group(fmt, W + (2 * u + g) * wgroup, S + (2 * u + g) * sgroup,
                                   M ? M + (2 * u + g) * sgroup : 0, in, A + g * G * in);
-                const uint16_t *rows[2] = {A, A + G * in};
-                amx_unit(rows, in * 2, gs, B, 0, xb, bias, y, ldy, n, in, out, 2 * u * G);
+                amx_unit(xb, A, gs, bias, y, ldy, n, in, out, 2 * u * G);
             }
             _tile_release();
             free(A);
         }
     }
-    free(xb); free(B);
+    free(xb);
     return rc;
 }
 

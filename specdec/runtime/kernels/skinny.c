@@ -288,64 +288,37 @@ T512 static void pack_x512(const float *x, int32_t *xq, int64_t n, int64_t in) {
 }
 
 
-/* ---- AMX-BF16: tile matrix multiplies on bf16 x and bf16 W as stored -------------------------------
- * Sapphire Rapids and later (Intel's Advanced Matrix Extensions). One `tdpbf16ps` multiplies a 16 x 32
- * bf16 tile by a 32 x 16 one into a 16 x 16 fp32 tile: 8192 multiply-adds, where `vdpbf16ps` does 32.
- * Roles: the weights are the A tile (16 outputs x 32 inputs: 16 rows of W as stored, 64 bytes each, loaded
- * with W's row stride, so W needs no repacking and a tied embedding table stays shared), x is the B tile
- * (32 inputs x 16 positions, in the pair-interleaved order the instruction wants: B row p holds, for each
- * of 16 positions, its inputs 2p and 2p + 1; packed once per call), C[o][j] is y[j][o], and each
- * position's 16 outputs leave the C tile in one gather. A unit of 32 outputs keeps 2 C tiles (one per 16
- * outputs) and loads each 32-input step's x tile once for both; each thread takes a contiguous run of
- * units. x is rounded to bf16 per element (as the AVX512-BF16 path), positions go through 16 at a time (a
- * last partial chunk padded with zero columns), a last partial group of outputs through a zero-padded copy
- * of its rows, and inputs past the last multiple of 32 (none in the models here) in scalar fmaf's after
- * the tiles. Order per y[i, o], whatever n, row, unit or thread:
+/* ---- AMX-BF16: tile matrix multiplies on bf16 x and the packed bf16 W ------------------------------
+ * Sapphire Rapids and later (Intel's Advanced Matrix Extensions): amx.h's tiles, x rounded to bf16 per element
+ * (as the AVX512-BF16 path) as the A tiles, W in kernels.pack_bf16's layout (the AVX512-BF16 path's) as the B
+ * tiles, each C tile stored straight into y. A unit of 32 outputs keeps 2 C tiles; each thread takes a
+ * contiguous run of units and streams their weights in order. Order per y[i, o], whatever n, row, unit or thread:
  *   c = tdpbf16ps over the 32-input steps in order (16 pairs per step; the tile's per-element order is
  *       the hardware's, fixed, and never depends on the other rows or columns of the tile);
  *   for each leftover input k (in % 32 of them), in order: c = fmaf(w[k], bf16(x[k]), c);
  *   y = c + bias (if any).
  * So a forward over n positions gives bit-identical results to n single-position forwards. Not the same
- * bits as the AVX512-BF16 path (another order): a model keeps the path it was loaded with. Linux hands
- * out the tile registers only on request (arch_prctl ARCH_REQ_XCOMP_PERM, once per process); each thread
- * loads the tile configuration per call and releases the tiles after it.
+ * bits as the AVX512-BF16 path (another order): a model keeps the path it was loaded with.
  * Measured on a 2-core Xeon (family 6 model 207), the 1.5B's shapes, 8 layers + LM head, weights from
  * memory (benchmarks/kernel/kernel_ab.py, medians of interleaved sweeps): against the AVX512-BF16 path
- * n = 1 1.03x its time (25 sweeps; the 8960-input down projection 1.12x), n = 8 0.63x, n = 16 0.37x,
- * n = 64 0.20x, and n = 16 costs 1.07 of n = 1 (benchmarks/s12/ab-qwen1.5b.txt). Units of 64 outputs were
- * 20% slower than 32, units of 16 the same; prefetching the next unit a share per step cost 10% at n = 1
- * (54.6 against 60.1 ms); the one-gather store took 12% off SmolLM2's whole forward at n = 16 (25.2 ->
- * 22.3 ms in the probe) against storing outputs one by one. The tile code is amx.h's (qgemm.c's prefill path
- * shares it). */
-/* The AMX path of skinny_bf16 (x already rounded to bf16 in xb). Returns 0, or 2 when out of memory. */
-AMX_FN static int amx_bf16(const uint16_t *xb, const uint16_t *W, const float *bias, float *y, int64_t n, int64_t in,
-                         int64_t out, int threads) {
-    const int64_t k32 = in & ~(int64_t)31, chunks = (n + 15) / 16, full = out / 16, units = (out + AMX_UNIT - 1) / AMX_UNIT;
-    uint32_t *B = aligned_alloc(64, ((size_t)(chunks * (k32 / 2) * 16) * 4 + 127) & ~(size_t)63);
-    uint16_t *pad = 0; /* the last partial group of outputs, zero-padded to 16 rows */
-    if (out % 16) pad = calloc(16 * (size_t)(in > 0 ? in : 1), sizeof(uint16_t));
-    if (!B || (out % 16 && !pad)) {
-        free(B); free(pad);
-        return 2;
-    }
-    if (pad) memcpy(pad, W + full * 16 * in, (size_t)((out - full * 16) * in) * sizeof(uint16_t));
-    amx_pack_x(xb, B, n, in, k32);
+ * n = 1 1.03x its time, n = 8 0.63x, n = 16 0.37x, n = 64 0.20x (session 12, W's rows as the A tiles; units of
+ * 64 outputs were 20% slower than 32, units of 16 the same). With x as A and the weights packed (session 20,
+ * family 6 model 167, SmolLM2's shapes): 0.85-0.88x session 12's time at every n from 1 to 64. */
+/* The AMX path of skinny_bf16: xb x rounded to bf16 [n, in] (zero rows up to a multiple of 16 when n > 16), Wp
+ * kernels.pack_bf16's layout. */
+AMX_FN static void amx_bf16(const uint16_t *xb, const uint16_t *Wp, const float *bias, float *y, int64_t n,
+                            int64_t in, int64_t out, int threads) {
+    const int64_t pairs = (in + 1) / 2, groups = (out + 15) / 16, units = (groups + 1) / 2;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         int64_t u0, u1;
         amx_share(units, &u0, &u1);
-        amx_configure();
-        for (int64_t u = u0; u < u1; u++) {
-            const int64_t o0 = u * AMX_UNIT;
-            const int groups = (int)((out - o0 < AMX_UNIT ? out - o0 : AMX_UNIT) + 15) / 16;
-            const uint16_t *A[2] = {0, 0};
-            for (int g = 0; g < groups; g++) A[g] = (o0 / 16 + g < full) ? W + (o0 + 16 * g) * in : pad;
-            amx_unit(A, in * 2, groups, B, W, xb, bias, y, out, n, in, out, o0);
-        }
+        amx_configure(n < 16 ? (int)n : 16);
+        for (int64_t u = u0; u < u1; u++)
+            amx_unit(xb, Wp + 2 * u * pairs * 32, (int)(groups - 2 * u < 2 ? groups - 2 * u : 2), bias, y, out, n, in,
+                     out, AMX_UNIT * u);
         _tile_release();
     }
-    free(B); free(pad);
-    return 0;
 }
 
 /* ---- The entry point ------------------------------------------------------------------------------ */
@@ -393,8 +366,8 @@ static int skinny512(const float *x, const uint16_t *Wp, const float *bias, floa
     return 0;
 }
 
-/* x [n, in] fp32, W bf16 (raw uint16): [out, in] for ISA_AVX2 and ISA_AMX, kernels.pack_bf16's layout for
- * ISA_AVX512BF16; bias [out] fp32 or NULL, y [n, out] fp32; all contiguous. The outputs are cut into units
+/* x [n, in] fp32, W bf16 (raw uint16): [out, in] for ISA_AVX2, kernels.pack_bf16's layout for ISA_AVX512BF16 and
+ * ISA_AMX; bias [out] fp32 or NULL, y [n, out] fp32; all contiguous. The outputs are cut into units
  * handed out to `threads` threads dynamically: on a loaded machine a descheduled thread then holds up one unit,
  * not half of the matrix. Which thread computes an output never changes its value.
  * Returns 0, 1 for an ISA this CPU lacks, 2 when out of memory. */
@@ -407,14 +380,15 @@ int skinny_bf16(int isa, const float *x, const uint16_t *W, const float *bias, f
     if (isa == ISA_AVX512BF16) return skinny512(x, W, bias, y, n, in, out, threads);
     int64_t units = (out + UNIT - 1) / UNIT;
     if (threads > units) threads = (int)units;
-    size_t size = (size_t)(n * in) * (isa == ISA_AVX2 ? sizeof(float) : sizeof(uint16_t));
+    size_t size = (size_t)(isa == ISA_AVX2 ? n * in * sizeof(float) : (n + 15) / 16 * 16 * in * sizeof(uint16_t));
     void *xp = aligned_alloc(64, (size + 127) & ~(size_t)63);
     if (!xp) return 2;
     if (isa == ISA_AMX) {
         round_x(x, (uint16_t *)xp, n * in);
-        int rc = amx_bf16((const uint16_t *)xp, W, bias, y, n, in, out, threads);
+        if (n > 16) memset((uint16_t *)xp + n * in, 0, (size_t)(((n + 15) / 16 * 16 - n) * in) * sizeof(uint16_t));
+        amx_bf16((const uint16_t *)xp, W, bias, y, n, in, out, threads);
         free(xp);
-        return rc;
+        return 0;
     }
     permute_x(x, (float *)xp, n, in);
     if (threads <= 1) {
