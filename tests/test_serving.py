@@ -565,7 +565,7 @@ def test_mode_picker_follows_a_proven_faster_arm_only():
     assert [p.bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
     assert p.choose(7) != "model"  # 5-8 share a bucket
     assert p.choose(2) == "model"  # a smaller bucket starts over (a larger one starts on never: the next test)
-    rate.update(model=300.0, never=303.0, always=303.0)  # a 1% edge: nobody takes over from the model
+    rate.update(model=300.0, never=270.0, always=303.0)  # a 1% edge: nobody takes over from the model
     picks = run(2, 3000, drift=0.0002)  # while the machine speeds up by 80%
     assert picks[-100:].count("model") > 80
     rate["always"] = 400.0  # the load changed: exploration sees it and the choice follows
@@ -669,6 +669,23 @@ def test_mode_picker_carries_a_proof_to_larger_and_smaller_batches():
     assert run(4, 4000, paying)[-100:].count("model") > 80  # ...and 4's proof for the model sends 2 back
     assert p.current[2] == "model" and p.current[16] == "never"
     assert run(16, 3000, paying)[-100:].count("model") > 80  # 16's own evidence overrides what was carried
+
+
+def test_mode_picker_gives_a_tie_to_never_and_does_not_flap():
+    """At equal throughput never's steps are shorter (a lower tail of inter-token latency), so never takes over
+    from the model's grants on a proven tie (within the margin), and a bucket first seen later starts on it;
+    going back to speculation takes a proof of more than the margin, which a tie or a 1% edge never gives. A
+    10% deficit is no tie."""
+    p, rng = ModePicker(explore=8, margin=0.02), random.Random(4)
+    run = lambda batch, steps, rate: picked(p, batch, steps, rate, rng)  # noqa: E731
+
+    assert run(1, 3000, {"model": 300.0, "never": 270.0, "always": 290.0})[-100:].count("model") > 80
+    tie = {"model": 300.0, "never": 306.0, "always": 280.0}  # never 2% ahead: short of a proof (5.9% here)
+    steps = next(i for i in range(1, 3001) if run(16, 1, tie) and p.current[16] == "never")
+    assert steps < 3000 and p.choose(32) == "never"
+    edge = {"model": 303.0, "never": 300.0, "always": 280.0}  # the model 1% ahead of never: never stays
+    assert run(16, 4000, edge)[-100:].count("never") > 80 and p.current[16] == "never"
+    assert p.current[1] == "model"
 
 
 def test_mode_picker_explores_less_once_settled_and_again_after_a_switch():

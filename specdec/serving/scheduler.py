@@ -45,7 +45,12 @@ every ask ("always"). One step in `explore` runs another arm, and its tokens per
 arm's steps just before it is one sample of their ratio: paired in time, so the machine's own drift (its speed
 moves by a third over minutes) cancels out. An arm takes over when its samples say it is faster by more than
 `margin` with two standard errors to spare; a step's tokens are random (how much of its drafts the target
-accepts), so a small or unproven difference never flaps the choice.
+accepts), so a small or unproven difference never flaps the choice. A tie goes to never: it takes over from an
+arm that speculates once its samples say it is slower by no more than `margin` (two standard errors to spare),
+since at equal throughput its steps are shorter and so is the tail of the inter-token latency (SmolLM2 q4 on a
+2-core Xeon, session 20: at 8 and 16 clients auto stayed on the model's grants at 0.98 and 0.97x never's
+throughput with 1.19 and 1.29x its p99 inter-token latency). Going back takes a proof of more than `margin`
+the other way, so the two rules cannot flap.
 Example: at B = 8 the model's grants make 290 tok/s and never 320 (log ratio 0.098); with per-step noise of
 15%, 16 samples (256 steps) put two standard errors at 0.075: 0.098 - 0.075 > log 1.02, never takes over. At
 B = 1 always's tie with the model, or never's deficit, moves nothing.
@@ -214,7 +219,8 @@ class ModePicker:
         if len(mine) >= self.least:
             mean = sum(mine) / len(mine)
             sd = math.sqrt(sum((x - mean) ** 2 for x in mine) / (len(mine) - 1))
-            if mean - self.z * sd / math.sqrt(len(mine)) > math.log(1 + self.margin):
+            low = mean - self.z * sd / math.sqrt(len(mine))  # its log ratio, two standard errors down
+            if low > math.log(1 + self.margin) or (arm == "never" and low > math.log(1 - self.margin)):
                 self._switch(b, arm)
                 if arm == "never":  # losing at b: larger batches lose too
                     self.never_above = b if self.never_above is None else min(self.never_above, b)

@@ -303,7 +303,8 @@ T512 static void pack_x512(const float *x, int32_t *xq, int64_t n, int64_t in) {
  * memory (benchmarks/kernel/kernel_ab.py, medians of interleaved sweeps): against the AVX512-BF16 path
  * n = 1 1.03x its time, n = 8 0.63x, n = 16 0.37x, n = 64 0.20x (session 12, W's rows as the A tiles; units of
  * 64 outputs were 20% slower than 32, units of 16 the same). With x as A and the weights packed (session 20,
- * family 6 model 167, SmolLM2's shapes): 0.85-0.88x session 12's time at every n from 1 to 64. */
+ * family 6 model 167, benchmarks/s20/ab-skinny-amx.txt), against session 12's tiles: SmolLM2's shapes 0.88-0.90x
+ * the time at n = 1 to 16 and 0.84x at 64, the 1.5B's 0.92-0.95x and 0.90x. */
 /* The AMX path of skinny_bf16: xb x rounded to bf16 [n, in] (zero rows up to a multiple of 16 when n > 16), Wp
  * kernels.pack_bf16's layout. */
 AMX_FN static void amx_bf16(const uint16_t *xb, const uint16_t *Wp, const float *bias, float *y, int64_t n,
