@@ -70,6 +70,8 @@ from specdec import theory
 
 MODES = ("auto", "always", "never")
 ARMS = ("model", "never", "always")  # the ways auto may grant a step (`ModePicker`)
+EXPLORES = {"never": ("model",), "model": ("never", "always"), "always": ("model",)}  # an arm's neighbours in how much
+# they speculate: the arms explored while it runs (`ModePicker`)
 PRIORITIES = ("interactive", "batch")
 
 
@@ -158,9 +160,12 @@ class ModePicker:
     could take thousands of steps. Each bucket still explores, and its own evidence can switch it back.
 
     Exploring costs: a step on a losing arm is a slower step, and one in eight of them sets the tail of the
-    inter-token latency. So once the other arms have filled a `window` of samples each without proving
-    themselves, a bucket explores half as often (with fresh samples), down to one step in `8 * explore`; a
-    switch brings it back to one in `explore`. Example: explore 8, window 64: after 1024 steps of a settled
+    inter-token latency. So a bucket explores only the arms next to its own in how much they speculate
+    (`EXPLORES`: never tries the model's grants, always tries them too, the model's grants try both): a server
+    that grants none at 16 requests never pays for a step that grants every ask (twice a plain step there,
+    session 20), and an arm further off is reached through the one between. Once the explored arms have filled
+    a `window` of samples each without proving themselves, a bucket explores half as often (with fresh
+    samples), down to one step in `8 * explore`; a switch brings it back to one in `explore`. Example: explore 8, window 64: after 1024 steps of a settled
     choice one in 16, after 2048 more one in 32, then one in 64; a challenger then needs about 1536 steps for
     its 12 samples."""
 
@@ -189,14 +194,14 @@ class ModePicker:
 
     def choose(self, batch: int) -> str:
         """The arm for a step over `batch` decoding requests: the bucket's current arm, or one step in
-        `explore` (once the current arm has a reference) the others in turn."""
+        `explore` (once the current arm has a reference) its neighbours (`EXPLORES`) in turn."""
         b = self.bucket(batch)
         step = self.steps[b] = self.steps.get(b, 0) + 1
         current = self.current.setdefault(b, self._start(b))
         every = self.every.get(b, self.explore)
         if step % every or b not in self.reference:
             return current
-        others = [a for a in ARMS if a != current]
+        others = EXPLORES[current]
         return others[(step // every) % len(others)]
 
     def record(self, batch: int, arm: str, tokens: int, seconds: float) -> None:
@@ -233,7 +238,7 @@ class ModePicker:
                         self._switch(other, "model")
                 return
         self.unproven[b] = self.unproven.get(b, 0) + 1
-        if self.unproven[b] >= (len(ARMS) - 1) * self.window:  # every other arm a full window, none proven
+        if self.unproven[b] >= len(EXPLORES[current]) * self.window:  # each explored arm a full window, none proven
             self.unproven[b] = 0
             self.every[b] = min(2 * self.every.get(b, self.explore), 8 * self.explore)
             for a in ARMS:  # fresh samples from here: old ones, further apart in time, would outweigh a change
