@@ -42,9 +42,11 @@ P() { (cd $1 && PYTHONPATH=. /work/main/.venv/bin/python -m specdec.cli probe --
 .venv/bin/specdec bench --model qwen2.5-coder-1.5b --dtype q4 --methods plain,prompt-lookup,recycling \
     --prompts spec-bench --limit 1 --max-new-tokens 64 --compare-llamacpp --no-progress \
     --out $B/qwen1.5b-specbench-q4
-# #13: the server's three modes (SmolLM2 q4, the server's default format), before and after auto's tie rule (c98c044
-# and the commit after it)
+# #13: the server's three modes (SmolLM2 q4, the server's default format): before auto's tie rule (c98c044), with it
+# (2db375d), with exploration of the neighbouring arms only (the commit after it)
 .venv/bin/specdec loadtest --serve auto,always,never --model smollm2-135m --concurrency 1,2,4,8,16 --repeat 3 \
     --max-tokens 64 --prompts spec-bench --out $B/serve-smollm2
 .venv/bin/specdec loadtest --serve auto,always,never --model smollm2-135m --concurrency 1,2,4,8,16 --repeat 3 \
     --max-tokens 64 --prompts spec-bench --out $B/serve-smollm2-tie
+.venv/bin/specdec loadtest --serve auto,always,never --model smollm2-135m --concurrency 1,2,4,8,16 --repeat 3 \
+    --max-tokens 64 --prompts spec-bench --out $B/serve-smollm2-neighbours
