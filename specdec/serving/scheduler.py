@@ -165,9 +165,9 @@ class ModePicker:
     that grants none at 16 requests never pays for a step that grants every ask (twice a plain step there,
     session 20), and an arm further off is reached through the one between. Once the explored arms have filled
     a `window` of samples each without proving themselves, a bucket explores half as often (with fresh
-    samples), down to one step in `8 * explore`; a switch brings it back to one in `explore`. Example: explore 8, window 64: after 1024 steps of a settled
-    choice one in 16, after 2048 more one in 32, then one in 64; a challenger then needs about 1536 steps for
-    its 12 samples."""
+    samples), down to one step in `8 * explore`; a switch brings it back to one in `explore`. Example: explore
+    8, window 64, on the model's grants: after 1024 steps of a settled choice one in 16, after 2048 more one in
+    32, then one in 64; a challenger then needs about 1536 steps for its 12 samples."""
 
     def __init__(self, explore: int = 8, margin: float = 0.02, window: int = 64, least: int = 12,
                  weight: float = 0.1, z: float = 2.0):
