@@ -50,3 +50,5 @@ P() { (cd $1 && PYTHONPATH=. /work/main/.venv/bin/python -m specdec.cli probe --
     --max-tokens 64 --prompts spec-bench --out $B/serve-smollm2-tie
 .venv/bin/specdec loadtest --serve auto,always,never --model smollm2-135m --concurrency 1,2,4,8,16 --repeat 3 \
     --max-tokens 64 --prompts spec-bench --out $B/serve-smollm2-neighbours
+.venv/bin/specdec loadtest --serve auto,always,never --model qwen2.5-coder-1.5b --dtype q4 --concurrency 1,2,4,8,16 \
+    --max-tokens 32 --timeout 900 --out $B/serve-qwen1.5b
