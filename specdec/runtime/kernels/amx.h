@@ -69,9 +69,19 @@ static int amx_cpu(void) { /* CPUID.(7, 0):EDX bits 22 (AMX-BF16) and 24 (AMX-TI
     return state;
 }
 
-/* The tile configuration: C tiles 0 and 1 and the A tile 4 with `rows` rows (the positions of a call of fewer
- * than 16, else 16), the B tiles 5 and 6 with 16 (pairs of inputs); all 64 bytes wide. */
-AMX_FN static void amx_configure(int rows) {
+/* The bf16 rows x needs for n positions as A tiles: n up to 16 (the tiles then hold n rows), else n rounded up to a
+ * multiple of 16 (`amx_pad` zeroes the rows past n). */
+static inline int64_t amx_rows(int64_t n) { return n <= 16 ? n : (n + 15) / 16 * 16; }
+
+/* Zero xb's rows n .. amx_rows(n) - 1 (in bf16 each). */
+static inline void amx_pad(uint16_t *xb, int64_t n, int64_t in) {
+    memset(xb + n * in, 0, (size_t)((amx_rows(n) - n) * in) * sizeof(uint16_t));
+}
+
+/* The tile configuration for a call over n positions: C tiles 0 and 1 and the A tile 4 with n rows (16 when n >= 16),
+ * the B tiles 5 and 6 with 16 (pairs of inputs); all 64 bytes wide. */
+AMX_FN static void amx_configure(int64_t n) {
+    const int rows = n < 16 ? (int)n : 16;
     uint8_t cfg[64] __attribute__((aligned(64))) = {1};
     for (int t = 0; t < 8; t++) cfg[16 + 2 * t] = 64, cfg[48 + t] = (t == 0 || t == 1 || t == 4) ? rows : 16;
     __asm__ volatile("" ::"r"(cfg) : "memory"); /* gcc 12 dropped the stores of a struct's fields before it */
@@ -92,11 +102,11 @@ static void amx_finish(const float *c, const uint16_t *W, const uint16_t *xb, co
         }
 }
 
-/* One unit: outputs [o0, o0 + 16 * groups) (groups <= 2) for all n positions into y (row stride ldy). xb: x in bf16
- * [n, in], padded with zero rows to a multiple of 16 when n > 16. W: the unit's first group of 16 outputs in the
+/* One unit: outputs [o0, o0 + 16 * groups) (groups <= 2) for all n positions into y (row stride ldy). xb: x in bf16,
+ * amx_rows(n) rows of `in` (`amx_pad`). W: the unit's first group of 16 outputs in the
  * pair layout (pairs = ceil(in / 2) rows of 32 bf16 a group, the next group after it). The tiles cover the inputs
  * up to the last multiple of 32; the rest (none in the models here) go through scalar fmaf's after them. The
- * configuration's rows (`amx_configure`) are n's when n < 16. */
+ * tiles are configured for n (`amx_configure`). */
 AMX_FN static void amx_unit(const uint16_t *xb, const uint16_t *W, int groups, const float *bias, float *y, int64_t ldy,
                             int64_t n, int64_t in, int64_t out, int64_t o0) {
     const int64_t pairs = (in + 1) / 2, k32 = in & ~(int64_t)31, steps = k32 / 32, chunks = (n + 15) / 16;

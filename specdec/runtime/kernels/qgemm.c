@@ -529,8 +529,8 @@ static const tile_fn T256_Q4K[ROWS + 1] = LIST(t256, 41), T256_Q6K[ROWS + 1] = L
  * that path is the same for every prompt position whatever the chunk (`ISA_AMX`, asked for by the fused
  * forward for prefill rows only). Per unit of 32 outputs (two groups of 16) each thread dequantizes the
  * unit's rows into its own bf16 buffer in amx.h's pair layout (L2-resident: 32 x in x 2 bytes, 96 KB at 1536
- * inputs), then amx.h's `amx_unit` multiplies all n positions by them, 16 at a time. A weight becomes bf16(q * s - m) (one fused
- * multiply-subtract, rounded once to fp32, then to bf16 to nearest even): q8 s = d, m = 128 d on the biased
+ * inputs), then amx.h's `amx_unit` multiplies all n positions by them, 16 at a time. A weight becomes
+ * bf16(q * s - m) (one fused multiply-subtract, rounded once to fp32, then to bf16 to nearest even): q8 s = d, m = 128 d on the biased
  * byte; q4 s, m; q4k s = d * sc, m = dmin * mn; q6k s = d * sc, m = 32 s. Against the fp32 weights that is a
  * relative error of at most 2^-9 per weight, x's bf16 rounding another 2^-9, the same as the bf16 path's.
  * Order: within a block of 32 inputs the dequantized weights keep the packed layout's order, which for the
@@ -644,13 +644,13 @@ AMX_FN static void dequant_group(int fmt, const uint8_t *W, const float *S, cons
 /* qgemm's ISA_AMX path (in % 32 == 0). Returns 0, or 2 when out of memory. */
 AMX_FN static int qgemm_amx(int fmt, const float *x, const uint8_t *W, const float *S, const float *M, const float *bias,
                             float *y, int64_t ldy, int64_t n, int64_t in, int64_t out, int threads) {
-    const int64_t nb = in / QB, groups = (out + G - 1) / G, units = (groups + 1) / 2, rows = (n + 15) / 16 * 16;
+    const int64_t nb = in / QB, groups = (out + G - 1) / G, units = (groups + 1) / 2;
     const int64_t wgroup = KFMT(fmt) ? nb / BPS * chunk_bytes(fmt) : nb * chunk_bytes(fmt);
     const int64_t sgroup = KFMT(fmt) ? nb / BPS * G : nb * G;
-    uint16_t *xb = aligned_alloc(64, ((size_t)(rows * in) * 2 + 127) & ~(size_t)63);
+    uint16_t *xb = aligned_alloc(64, ((size_t)(amx_rows(n) * in) * 2 + 127) & ~(size_t)63);
     if (!xb) return 2;
     amx_round_x(x, xb, n, in, fmt == FMT_Q8 ? 0 : NIB_ORDER);
-    if (n > 16) memset(xb + n * in, 0, (size_t)((rows - n) * in) * 2);
+    amx_pad(xb, n, in);
     if (threads > units) threads = (int)units;
     int rc = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -662,7 +662,7 @@ AMX_FN static int qgemm_amx(int fmt, const float *x, const uint8_t *W, const flo
         } else {
             int64_t u0, u1;
             amx_share(units, &u0, &u1);
-            amx_configure(n < 16 ? (int)n : 16);
+            amx_configure(n);
             for (int64_t u = u0; u < u1; u++) {
                 const int gs = (int)(groups - 2 * u < 2 ? groups - 2 * u : 2);
                 for (int g = 0; g < gs; g++)

@@ -305,8 +305,7 @@ T512 static void pack_x512(const float *x, int32_t *xq, int64_t n, int64_t in) {
  * 64 outputs were 20% slower than 32, units of 16 the same). With x as A and the weights packed (session 20,
  * family 6 model 167, benchmarks/s20/ab-skinny-amx.txt), against session 12's tiles: SmolLM2's shapes 0.88-0.90x
  * the time at n = 1 to 16 and 0.84x at 64, the 1.5B's 0.92-0.95x and 0.90x. */
-/* The AMX path of skinny_bf16: xb x rounded to bf16 [n, in] (zero rows up to a multiple of 16 when n > 16), Wp
- * kernels.pack_bf16's layout. */
+/* The AMX path of skinny_bf16: xb x rounded to bf16, amx_rows(n) rows (`amx_pad`), Wp kernels.pack_bf16's layout. */
 AMX_FN static void amx_bf16(const uint16_t *xb, const uint16_t *Wp, const float *bias, float *y, int64_t n,
                             int64_t in, int64_t out, int threads) {
     const int64_t pairs = (in + 1) / 2, groups = (out + 15) / 16, units = (groups + 1) / 2;
@@ -314,7 +313,7 @@ AMX_FN static void amx_bf16(const uint16_t *xb, const uint16_t *Wp, const float 
     {
         int64_t u0, u1;
         amx_share(units, &u0, &u1);
-        amx_configure(n < 16 ? (int)n : 16);
+        amx_configure(n);
         for (int64_t u = u0; u < u1; u++)
             amx_unit(xb, Wp + 2 * u * pairs * 32, (int)(groups - 2 * u < 2 ? groups - 2 * u : 2), bias, y, out, n, in,
                      out, AMX_UNIT * u);
@@ -381,12 +380,12 @@ int skinny_bf16(int isa, const float *x, const uint16_t *W, const float *bias, f
     if (isa == ISA_AVX512BF16) return skinny512(x, W, bias, y, n, in, out, threads);
     int64_t units = (out + UNIT - 1) / UNIT;
     if (threads > units) threads = (int)units;
-    size_t size = (size_t)(isa == ISA_AVX2 ? n * in * sizeof(float) : (n + 15) / 16 * 16 * in * sizeof(uint16_t));
+    size_t size = (size_t)(isa == ISA_AVX2 ? n * in * sizeof(float) : amx_rows(n) * in * sizeof(uint16_t));
     void *xp = aligned_alloc(64, (size + 127) & ~(size_t)63);
     if (!xp) return 2;
     if (isa == ISA_AMX) {
         round_x(x, (uint16_t *)xp, n * in);
-        if (n > 16) memset((uint16_t *)xp + n * in, 0, (size_t)(((n + 15) / 16 * 16 - n) * in) * sizeof(uint16_t));
+        amx_pad((uint16_t *)xp, n, in);
         amx_bf16((const uint16_t *)xp, W, bias, y, n, in, out, threads);
         free(xp);
         return 0;
