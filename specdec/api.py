@@ -38,8 +38,8 @@ class LLM:
     method "draft"; `datastore`: retrieval's folder; `exit_layer`: early exit's layer or "auto";
     `sources`: hybrid's drafters in order; `lookahead`: a `LookaheadConfig` (or "auto", or the older
     tuple (W, N, G[, pool])); `device`: "cpu" or "cuda[:N]" (the weights and KV cache on a GPU, torch's
-    kernels; the loop, drafts and sampling stay on the host); `kv_dtype`: "auto" (fp16 on the exact CPU paths, else
-    the activations' dtype), "fp16" or "fp32". These settings are checked before the model loads."""
+    kernels; the loop, drafts and sampling stay on the host); `kv_dtype`: "auto" (fp16 on the exact CPU paths, bf16
+    for bf16 weights on a CPU with AMX, else the activations' dtype), "fp16", "bf16" or "fp32". These settings are checked before the model loads."""
 
     def __init__(self, model: str = "smollm2-135m", dtype: str | None = None, pull: bool = True,
                  draft: str | None = None, datastore: str | None = None, exit_layer: int | str = "auto",

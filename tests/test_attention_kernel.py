@@ -18,6 +18,16 @@ SHAPES = [(4, 4, 16), (9, 3, 64), (12, 2, 128), (14, 2, 80), (14, 2, 72)]  # (H,
 ISAS = attention.isas() if attention.available() else []
 
 
+def skip_unless_runs(use: str, D: int, kv: str = "bf16") -> None:
+    """Skip, saying why, a case this CPU or this path cannot run."""
+    if use not in ISAS:
+        pytest.skip(f"this CPU lacks the {use} path")
+    if use == "avx512" and D % 16:
+        pytest.skip("the AVX512 path takes head dims that are multiples of 16")
+    if use == "amx" and (D % 32 or kv != "bf16"):
+        pytest.skip("the AMX path takes bf16 caches and head dims that are multiples of 32")
+
+
 def random_paths(n: int, g: torch.Generator, tree: bool) -> list[list[int]]:
     """Row i sees itself and a set of earlier new positions: its ancestors under random parents (tree) or a
     random subset (a lookahead window's rows see such sets)."""
@@ -50,17 +60,18 @@ def inputs(H, Hk, D, start, n, seed, B=1):
 @pytest.mark.parametrize("H, Hk, D", SHAPES)
 @pytest.mark.parametrize("layout", ["chain", "tree", "window"])
 @pytest.mark.parametrize("threads", [1, 2, 5])
-@pytest.mark.parametrize("use", ISAS)
+@pytest.mark.parametrize("use", list(attention.ISAS))
 @pytest.mark.parametrize("start", [70, 190])
-@pytest.mark.parametrize("kv", ["fp32", "fp16"])
+@pytest.mark.parametrize("kv", ["fp32", "fp16", "bf16"])
 def test_rows_equal_single_row_calls(H, Hk, D, layout, threads, use, start, kv):
-    """The lists cross a 64-key block boundary (after 70 or 190 cached positions), over an fp32 or fp16 cache."""
-    if use == "avx512" and D % 16:
-        pytest.skip("the AVX512 path takes head dims that are multiples of 16")
+    """The lists cross a 64-key block boundary (after 70 or 190 cached positions), over an fp32, fp16 or bf16
+    cache; on AMX (bf16 q, p and cache, fp32 sums) the values are within bf16's rounding of torch's."""
+    skip_unless_runs(use, D, kv)
     n = 13
     q, keys, values, g = inputs(H, Hk, D, start, n, seed=H + D)
-    if kv == "fp16":
-        keys, values = keys.half(), values.half()
+    if kv != "fp32":
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[kv]
+        keys, values = keys.to(dtype), values.to(dtype)
     paths = [list(range(i + 1)) for i in range(n)] if layout == "chain" else random_paths(n, g, layout == "tree")
     rows = attention.Rows.chain(n, start) if layout == "chain" else attention.Rows.from_paths(paths, start)
     k_new, v_new = keys[:, :, start:start + n].clone(), values[:, :, start:start + n].clone()
@@ -72,31 +83,34 @@ def test_rows_equal_single_row_calls(H, Hk, D, layout, threads, use, start, kv):
         slots = list(range(start)) + [start + j for j in path]
         ref = F.scaled_dot_product_attention(q[:, :, i:i + 1], keys[:, :, slots].float(), values[:, :, slots].float(),
                                              enable_gqa=H != Hk)
-        torch.testing.assert_close(out[:, i], ref[:, :, 0], rtol=1e-5, atol=1e-5)
+        tol = 2e-2 if use == "amx" else 1e-5
+        torch.testing.assert_close(out[:, i], ref[:, :, 0], rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("H, Hk, D", SHAPES)
-@pytest.mark.parametrize("use", ISAS)
-def test_an_fp16_cache_reads_as_its_fp32_widening(H, Hk, D, use):
-    """An fp16 KV cache (`--kv-dtype fp16`, the exact CPU paths' default) gives, bit for bit, what the same call
-    gives over an fp32 cache holding the widened fp16 values: the kernel's only change is the load (so every
-    property the fp32 tests show, row-for-row exactness included, holds for fp16). Batches, a tree's extra
-    slots and 13 rows crossing a 64-key block exercise the pointer arithmetic of 2-byte keys."""
-    if use == "avx512" and D % 16:
-        pytest.skip("the AVX512 path takes head dims that are multiples of 16")
+@pytest.mark.parametrize("use", ["avx512", "avx2"])
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_a_half_cache_reads_as_its_fp32_widening(H, Hk, D, use, half):
+    """An fp16 or bf16 KV cache (`--kv-dtype`) gives, bit for bit, what the same call gives over an fp32 cache
+    holding the widened values: the kernel's only change is the load (so every property the fp32 tests show,
+    row-for-row exactness included, holds for them). Batches, a tree's extra slots and 13 rows crossing a 64-key
+    block exercise the pointer arithmetic of 2-byte keys."""
+    skip_unless_runs(use, D)
     start, n = 70, 13
     q, keys, values, g = inputs(H, Hk, D, start, n, seed=H * D, B=2)
     rows = attention.Rows.from_paths(random_paths(n, g, tree=True), start)
-    k16, v16 = (keys * 4).half(), (values * 4).half()  # beyond [-1, 1]: rounding at every magnitude
+    k16, v16 = (keys * 4).to(half), (values * 4).to(half)  # beyond [-1, 1]: rounding at every magnitude
     out = attention.attend(q, k16, v16, rows, 2, use)
     assert out.dtype == torch.float32
     assert torch.equal(out, attention.attend(q, k16.float(), v16.float(), rows, 2, use))
     assert not torch.equal(out, attention.attend(q, keys * 4, values * 4, rows, 2, use))  # the rounding is real
 
 
-def test_batch_rows_are_their_own():
-    """B > 1: each batch element attends over its own cache, bit-identical to its call alone."""
+@pytest.mark.parametrize("kv", [torch.float32, torch.bfloat16])
+def test_batch_rows_are_their_own(kv):
+    """B > 1: each batch element attends over its own cache, bit-identical to its call alone (on AMX for bf16)."""
     q, keys, values, _ = inputs(9, 3, 64, 30, 5, seed=7, B=3)
+    keys, values = keys.to(kv), values.to(kv)
     rows = attention.Rows.chain(5, 30)
     out = attention.attend(q, keys, values, rows)
     for b in range(3):
@@ -104,7 +118,32 @@ def test_batch_rows_are_their_own():
 
 
 def test_the_best_instruction_set_is_taken():
-    assert ISAS[-1] == "avx2" and attention.isa(64) == ISAS[0] and attention.isa(72) == "avx2"
+    fma = [i for i in ISAS if i != "amx"]
+    assert ISAS[-1] == "avx2" and attention.isa(64) == fma[0] and attention.isa(72) == "avx2"
+    assert attention.isa(64, torch.bfloat16) == ISAS[0] and attention.isa(48, torch.bfloat16) == fma[0]
+
+
+@pytest.mark.parametrize("H, Hk, D", [(9, 3, 64), (12, 2, 128)])
+def test_amx_rounds_as_torch_bf16_attention_rounds(H, Hk, D):
+    """On AMX the rows are torch's attention over bf16 q, k, v with the softmax weights rounded to bf16 (its bf16
+    math): much closer to that than to the fp32 attention over the same bf16 keys."""
+    skip_unless_runs("amx", D)
+    start, n = 100, 6
+    q, keys, values, _ = inputs(H, Hk, D, start, n, seed=3)
+    kb, vb = keys.bfloat16(), values.bfloat16()
+    rows = attention.Rows.chain(n, start)
+    out = attention.attend(q, kb, vb, rows, use="amx")
+    qs = (q * D ** -0.5).bfloat16().float()
+    G = H // Hk
+    for i in range(n):
+        k, v = kb[:, :, :start + i + 1].float(), vb[:, :, :start + i + 1].float()
+        k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+        p = torch.softmax(qs[:, :, i:i + 1] @ k.transpose(-1, -2), -1)
+        s = (qs[:, :, i:i + 1] @ k.transpose(-1, -2))
+        e = torch.exp(s - s.amax(-1, keepdim=True)).bfloat16().float()
+        ref = (e @ v) / e.sum(-1, keepdim=True)
+        torch.testing.assert_close(out[:, i], ref[:, :, 0], rtol=1e-4, atol=1e-4)
+        assert (out[:, i] - (p @ v)[:, :, 0]).abs().max() > 1e-4  # the weights' rounding is real
 
 
 def test_unsupported_shapes_are_refused():
@@ -112,7 +151,7 @@ def test_unsupported_shapes_are_refused():
     assert attention.supports(q, keys)
     assert not attention.supports(q[..., :12], keys[..., :12])  # head dim not a multiple of 8
     assert not attention.supports(q.double(), keys.double())
-    assert attention.supports(q, keys.half()) and not attention.supports(q, keys.bfloat16())
+    assert attention.supports(q, keys.half()) and attention.supports(q, keys.bfloat16())
     assert not attention.supports(q[:, :3], keys)  # 3 query heads on 4 KV heads
 
 

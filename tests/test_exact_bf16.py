@@ -85,6 +85,27 @@ def test_an_fp32_cache_verifies_bit_identically_too(model, monkeypatch):
     check_layout(model, trie([(20, 21, 22), (20, 23, 24), (30, 31, 32)], 3), root=17)
 
 
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """A tiny bf16 model with head dims of 32 (hidden 128, 4 heads), on the best kernel path: with a bf16 cache it
+    attends on AMX tiles where the CPU has them."""
+    return load_transformer(save_tiny("qwen2", tmp_path_factory.mktemp("wide"), hidden_size=128), torch.bfloat16)
+
+
+def test_a_bf16_cache_verifies_bit_identically_too(model, wide, monkeypatch):
+    """`--kv-dtype bf16`: on every kernel path (head dim 16: the FMA attention over widened bf16) and with head dims
+    of 32 (AMX attention where the CPU has it: bf16 q, p and v), a chain, a tree and a lookahead window stay
+    bit-identical to single positions."""
+    from specdec.runtime.kernels import attention
+    for m in (model, wide):
+        monkeypatch.setattr(m, "kv_choice", torch.bfloat16)
+        assert m.new_cache(8).k[0].dtype == torch.bfloat16
+        check_layout(m, Draft.chain([5, 9, 11, 40, 7, 7, 30]), root=12)
+        check_layout(m, trie([(20, 21, 22), (20, 23, 24), (30, 31, 32)], 3), root=17)
+        test_lookahead_window_verifies_bit_identically(m)
+    assert attention.isa(wide.cfg.head_dim, torch.bfloat16) == attention.isas()[0]
+
+
 def test_tree_verifies_bit_identically(model):
     g = torch.Generator().manual_seed(1)
     candidates = [tuple(torch.randint(3, VOCAB, (4,), generator=g).tolist()) for _ in range(5)]

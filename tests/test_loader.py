@@ -93,8 +93,8 @@ def test_dtype_by_name_or_a_clear_error(folder):
 
 
 def test_kv_dtype_by_name_or_a_clear_error(folder):
-    """The KV cache's dtype (`--kv-dtype`): the activations' for an fp32 model unless asked; fp16 on request (the
-    torch route widens it for attention); an unknown name is one clear error, before any weight loads, in the
+    """The KV cache's dtype (`--kv-dtype`): the activations' for an fp32 model unless asked; fp16 or bf16 on request
+    (the torch route widens it for attention); an unknown name is one clear error, before any weight loads, in the
     loader and in the API."""
     import torch
 
@@ -109,5 +109,9 @@ def test_kv_dtype_by_name_or_a_clear_error(folder):
     assert logits.dtype == torch.float32 and torch.isfinite(logits).all() and cache.k[0][:, :, :3].abs().sum() > 0
     with pytest.raises(SpecdecError, match="unknown KV-cache dtype 'int8'"):
         load_transformer(folder, "fp32", kv_dtype="int8")
-    with pytest.raises(OptionError, match="unknown KV-cache dtype 'bf16'.*auto, fp16, fp32"):
-        LLM(str(folder), dtype="fp32", kv_dtype="bf16", pull=False)
+    with pytest.raises(OptionError, match="unknown KV-cache dtype 'fp8'.*auto, fp16, bf16, fp32"):
+        LLM(str(folder), dtype="fp32", kv_dtype="fp8", pull=False)
+    model = load_transformer(folder, "fp32", kv_dtype="bf16")  # bf16 too, on the torch route
+    cache = model.new_cache(8)
+    assert cache.k[0].dtype == torch.bfloat16
+    assert torch.isfinite(model(torch.tensor([[3, 4, 5]]), cache).logits).all()

@@ -21,7 +21,7 @@ from specdec.serving.engine import Engine, Job
 from specdec.serving.metrics import Metrics
 from specdec.serving.scheduler import Ask, ModePicker, grant
 from specdec.tokenizer import Tokenizer
-from tests.test_exact_bf16 import model  # noqa: F401 (the fixture: bf16 on each kernel path)
+from tests.test_exact_bf16 import model, wide  # noqa: F401 (fixtures: bf16 on each kernel path; head dims of 32)
 
 PROMPTS = ["abcabcabcabc abc", "hello hello hello", "x", "the cat sat on the mat; the cat sat", "0123456789" * 7]
 
@@ -39,6 +39,12 @@ def test_packed_forward_equals_each_requests_own_forward(tiny):
 
 def test_packed_forward_is_bit_identical_on_exact_models(model):  # noqa: F811 (bf16 on each kernel path)
     check_packed_forward(model, exact=True)
+
+
+def test_packed_forward_is_bit_identical_with_a_bf16_cache(wide, monkeypatch):  # noqa: F811
+    """A bf16 cache with head dims of 32: AMX attention over every request's rows in one call where the CPU has it."""
+    monkeypatch.setattr(wide, "kv_choice", torch.bfloat16)
+    check_packed_forward(wide, exact=True)
 
 
 def check_packed_forward(model, exact: bool):

@@ -9,12 +9,14 @@ import torch
 VOCAB = 96
 
 
-def hf_config(kind: str, vocab: int = VOCAB):
+def hf_config(kind: str, vocab: int = VOCAB, **sizes):
+    """`sizes` overrides the tiny sizes (hidden_size=128 gives head dims of 32, which the AMX attention path takes)."""
     from transformers import LlamaConfig, Qwen2Config
 
     common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                   rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+    common.update(sizes)
     if kind == "llama":
         return LlamaConfig(**common, rope_theta=10000.0, tie_word_embeddings=False)
     if kind == "qwen2":
@@ -22,12 +24,12 @@ def hf_config(kind: str, vocab: int = VOCAB):
     raise ValueError(kind)
 
 
-def build_hf(kind: str, seed: int = 0, vocab: int = VOCAB):
+def build_hf(kind: str, seed: int = 0, vocab: int = VOCAB, **sizes):
     """A random-weight transformers model in fp32, eval mode (weights scaled up so logits are peaky enough to be interesting)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(hf_config(kind, vocab), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(hf_config(kind, vocab, **sizes), dtype=torch.float32)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -37,8 +39,8 @@ def build_hf(kind: str, seed: int = 0, vocab: int = VOCAB):
     return model.eval()
 
 
-def save_tiny(kind: str, folder: Path, seed: int = 0, vocab: int = VOCAB) -> Path:
-    model = build_hf(kind, seed, vocab)
+def save_tiny(kind: str, folder: Path, seed: int = 0, vocab: int = VOCAB, **sizes) -> Path:
+    model = build_hf(kind, seed, vocab, **sizes)
     model.save_pretrained(folder, safe_serialization=True)
     save_tiny_tokenizer(folder)
     return Path(folder)

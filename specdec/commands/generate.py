@@ -15,10 +15,12 @@ DTYPE_HELP = ("weights: bf16 (bf16 weights through specdec's kernel with fp32 su
               "cached); auto (default) = q4 for a 4-bit GGUF, else bf16 when a bf16 path works, else fp32")
 
 
-KV_DTYPES = ["auto", "fp16", "fp32"]  # specdec.runtime.loader.KV_DTYPES (not imported: --help stays torch-free)
-KV_DTYPE_HELP = ("the KV cache's element type: auto (default) = fp16 on the CPU's exact paths (q4, q8, bf16 through "
-                 "specdec's kernels: half the bytes attention reads each step, as llama.cpp's default), else the "
-                 "activations' dtype; fp32 keeps full precision")
+KV_DTYPES = ["auto", "fp16", "bf16", "fp32"]  # specdec.runtime.loader.KV_DTYPES (not imported: --help stays torch-free)
+KV_DTYPE_HELP = ("the KV cache's element type: auto (default) = on the CPU's exact paths (q4, q8, bf16 through "
+                 "specdec's kernels) fp16, half the bytes attention reads each step as llama.cpp's default, except bf16 "
+                 "weights on a CPU with AMX: bf16, attention on its tiles (bf16 q, k, softmax weights and v with fp32 "
+                 "sums, as torch's bf16 attention; many positions a forward for little more than one); elsewhere the "
+                 "activations' dtype. bf16 on other CPUs is read as fp16 is; fp32 keeps full precision")
 DEVICE_HELP = ("cpu (default) or cuda[:N]: the weights and KV cache on a GPU through torch's kernels (bf16 or "
                "fp32; auto = bf16), the loop, drafts and sampling on the host; medusa and eagle run on cpu only")
 

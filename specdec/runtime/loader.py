@@ -30,7 +30,7 @@ from specdec.runtime.model import Linear, QLinear, Transformer
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 QUANTIZED = quant.FORMATS  # "q8", "q4": quantized projections (`specdec.store.quantized`), passed as strings
 CHOICES = ["auto", "fp32", "bf16", *QUANTIZED]  # what --dtype accepts
-KV_DTYPES = {"auto": None, "fp16": torch.float16, "fp32": torch.float32}  # what --kv-dtype accepts
+KV_DTYPES = {"auto": None, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}  # what --kv-dtype accepts
 
 
 def cpu_has_bf16_matmul() -> bool:
@@ -148,7 +148,7 @@ def load_transformer(folder: str | Path, dtype: torch.dtype | str = torch.float3
     """The model in `folder` with weights in `dtype` (a torch dtype, or a name `resolve_dtype` takes: "bf16",
     "q4", "auto", ...) on `device` (`resolve_device`): on a GPU every weight is `dtype` and torch's kernels run it;
     on the CPU bf16 matmul weights take the kernel's path. `kv_dtype` (`KV_DTYPES`): the KV cache's element type,
-    "auto" = `Transformer.kv_dtype`'s default (fp16 on the exact CPU paths)."""
+    "auto" = `Transformer.kv_dtype`'s default (fp16 on the exact CPU paths, bf16 for bf16 weights with AMX)."""
     if kv_dtype not in KV_DTYPES:
         raise SpecdecError(f"unknown KV-cache dtype {kv_dtype!r}: choose one of {', '.join(KV_DTYPES)}")
     model = _load(Path(folder), dtype, torch.device(device))

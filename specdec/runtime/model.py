@@ -23,12 +23,14 @@ bf16 where the skinny-GEMM kernel runs (the loader decides: AMX, AVX512-BF16 or 
 projection and LM-head weights stay in bf16 and run through the kernel with fp32 activations; norms,
 the embedding lookup's output, RoPE and attention are fp32. `model.dtype` is then bf16
 (the weights' dtype) and `model.compute_dtype` fp32.
-The KV cache (`Transformer.kv_dtype`, `--kv-dtype`) holds fp16 on the exact CPU paths below (llama.cpp's default):
+The KV cache (`Transformer.kv_dtype`, `--kv-dtype`) holds fp16 on most exact CPU paths below (llama.cpp's default):
 half the bytes a step reads from it (16 SmolLM2 q4 requests at 352 positions read ~260 MB of fp32 keys and values
 a step, twice the ~112 MB of weights; with fp16 that step takes 0.86-0.91x the time, at 1024 positions
 0.70-0.74x; BENCHMARKS.md, session 19). fp16 widens to fp32 exactly, so attention reads back the rounded keys
-and values, and a position's rounding never depends on which forward wrote it. Elsewhere it is the activations'
-dtype.
+and values, and a position's rounding never depends on which forward wrote it. bf16 weights on a CPU with AMX
+keep it in bf16 instead and attend on the tiles (`kernels.attention`, "amx": bf16 q, k, softmax weights and v
+with fp32 sums, torch's bf16 attention; SmolLM2 at 256 positions, 2-core Xeon: 16 positions 1.21 steps
+against 1.35 with fp16, perplexity unchanged; BENCHMARKS.md, session 21). Elsewhere it is the activations' dtype.
 Exact models (bf16 on the kernel, q8, q4: `Transformer.row_exact`) attend through the exact-attention kernel
 (`specdec.runtime.kernels.attention`): all n rows in one call, each (row, head) over exactly the key slots a
 single-position forward at that position sees (the cache, then its ancestors and itself), with an order of
@@ -229,7 +231,7 @@ class Block(nn.Module):
         built (asked once per block: a model keeps its path). Same bits as the torch route."""
         if self.kernels is None:
             self.kernels = ops.available() and attention.available()
-        return (self.kernels and qkv.dtype == torch.float32 and keys.dtype in (torch.float32, torch.float16)
+        return (self.kernels and qkv.dtype == torch.float32 and keys.dtype in attention.FORMATS
                 and qkv.device.type == "cpu"
                 and qkv.is_contiguous() and keys.is_contiguous() and attention.supports_dims(keys.shape[-1]))
 
@@ -284,8 +286,7 @@ class FusedLayers:
         whole = all(qw.in_features % quant.BLOCK == 0 for b in model.layers for proj in (b.qkv, b.o, b.gate_up, b.down)
                     if isinstance(proj, QLinear) for qw, _, _ in proj.calls)
         prefill = quant.prefill_isa() if q and whole else None  # the prefill path takes whole blocks of inputs
-        self.isas = [quant.ISAS[q] if q else 0, kernels.PATHS[path][0] if path else 0,
-                     attention.ISAS[attention.isa(cfg.head_dim)]]
+        self.isas = [quant.ISAS[q] if q else 0, kernels.PATHS[path][0] if path else 0]  # attend's: per cache dtype
         self.prefill_isa = quant.PREFILL_ISAS[prefill] if prefill else 0
         self.fns = [ops.pointer(quant._load().qgemm) if q else 0,
                     ops.pointer(kernels._load().skinny_bf16) if path else 0, ops.pointer(attention._load().attend_batch)]
@@ -330,9 +331,9 @@ class FusedLayers:
         layer i. segments: (first row, rows, cache, start, RowPlan, cos, sin, prefill) per request whose rows
         these are, in row order, cos and sin [rows, D] contiguous (one request: one segment over all N rows);
         `prefill` marks prompt rows, whose quantized matmuls take `quant.prefill_isa()` where there is one."""
-        segs, kv, half = [], [], segments[0][2].k[0].dtype == torch.float16
+        segs, kv, dtype = [], [], segments[0][2].k[0].dtype
         for row0, n, cache, start, plan, cos, sin, prefill in segments:
-            if (cache.k[0].dtype == torch.float16) != half:
+            if cache.k[0].dtype != dtype:
                 raise ValueError("FusedLayers: every request's KV cache must hold the same dtype")
             r = plan.rows
             segs += [row0, n, start, cache.max_len, r.prefix.data_ptr(), r.offs.data_ptr(), r.extra.data_ptr(),
@@ -340,7 +341,8 @@ class FusedLayers:
             kv += cache.pointers()[:2 * layers]
         out = [hidden[i].data_ptr() if i in hidden else 0 for i in range(layers)]
         ops.forward_layers(self.desc, segs, kv, out, x, self.dims + [x.shape[1], layers, len(segments)], self.eps,
-                           self.isas + [torch.get_num_threads(), self.prefill_isa, int(half)], self.fns)
+                           self.isas + [attention.best_code(self.dims[3], dtype), torch.get_num_threads(),
+                                        self.prefill_isa, attention.FORMATS[dtype]], self.fns)
 
 
 @dataclass
@@ -460,15 +462,19 @@ class Transformer(nn.Module):
         """The activations' dtype: fp32 when bf16 weights run through the kernel."""
         return self.norm.weight.dtype
 
-    kv_choice: torch.dtype | None = None  # `--kv-dtype` fp16 / fp32; None: `kv_dtype`'s default
+    kv_choice: torch.dtype | None = None  # `--kv-dtype` fp16 / bf16 / fp32; None: `kv_dtype`'s default
 
     @property
     def kv_dtype(self) -> torch.dtype:
-        """The KV cache's dtype: `kv_choice` when set, else fp16 for an exact model on the CPU (fp32 activations,
-        half the cache's bytes; see the module's docstring), else the activations' dtype."""
+        """The KV cache's dtype: `kv_choice` when set, else for an exact model on the CPU bf16 where bf16 weights
+        attend on AMX tiles and fp16 elsewhere (half the cache's bytes; see the module's docstring), else the
+        activations' dtype."""
         if self.kv_choice is not None:
             return self.kv_choice
-        return torch.float16 if self.row_exact and self.device.type == "cpu" else self.compute_dtype
+        if self.row_exact and self.device.type == "cpu":
+            tiles = self.dtype == torch.bfloat16 and attention.on_tiles(self.cfg.head_dim)
+            return torch.bfloat16 if tiles else torch.float16
+        return self.compute_dtype
 
     @property
     def row_exact(self) -> bool:

@@ -17,9 +17,11 @@ paths [[0], [0, 1], [0, 2], [0, 1, 3]]): `Rows.from_paths(paths, 5)` gives prefi
 [], [], [7], [8]: c walks slots 0..6 then 8, the keys (cache, root, a, c) its single-position forward sees.
 
 Instruction sets: AVX512F (16 lanes; head dims that are multiples of 16) where the CPU has it, else AVX2 + FMA
-(`isa`); a machine always takes the same path, the two give different bits. The cache may hold fp32 or fp16
-(the model's `kv_dtype`): fp16 is widened exactly as it is loaded, so it gives an fp32 cache's bits for the
-same values, in half the bytes. The library is built on first
+(`isa`); a machine always takes the same path, the paths give different bits. The cache may hold fp32, fp16 or
+bf16 (the model's `kv_dtype`): fp16 and bf16 are widened exactly as they are loaded, so they give an fp32 cache's
+bits for the same values, in half the bytes. A bf16 cache on a CPU with AMX attends on tiles instead ("amx"):
+q, k, the softmax weights p and v in bf16 with fp32 sums, as torch's bf16 attention computes, and still in an
+order that does not depend on n (`attention.c`, "AMX"). The library is built on first
 use like the other kernels (`kernels.open_library`); without it, or with `SPECDEC_KERNEL=0`, `available()`
 is False and the model attends row by row through torch instead.
 """
@@ -38,7 +40,8 @@ from specdec.runtime import kernels
 SOURCE = Path(__file__).with_name("attention.c")
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 MAX_HEAD_DIM = 256  # DMAX in attention.c
-ISAS = {"avx512": 2, "avx2": 1}  # best first: AVX512F (head dims that are multiples of 16), else AVX2 + FMA
+ISAS = {"amx": 3, "avx512": 2, "avx2": 1}  # best first: AMX (bf16 caches), AVX512F, AVX2 + FMA
+FORMATS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # the cache dtypes `attend` takes
 
 
 
@@ -107,9 +110,16 @@ def isas() -> list[str]:
     return [name for name, code in ISAS.items() if lib is not None and lib.attend_supported(code)]
 
 
-def isa(head_dim: int) -> str:
-    """The instruction set `attend` uses for this head dim: avx512 when the CPU has it and 16 divides head_dim."""
-    return next(name for name in isas() if name != "avx512" or head_dim % 16 == 0)
+def isa(head_dim: int, kv_dtype: torch.dtype = torch.float32) -> str:
+    """The instruction set `attend` uses for this head dim and cache dtype: amx for a bf16 cache when the CPU has
+    it and 32 divides head_dim, else avx512 when the CPU has it and 16 divides head_dim, else avx2."""
+    return next(name for name in isas() if (name != "amx" or (kv_dtype == torch.bfloat16 and head_dim % 32 == 0))
+                and (name != "avx512" or head_dim % 16 == 0))
+
+
+def on_tiles(head_dim: int) -> bool:
+    """Whether a bf16 cache with this head dim attends on AMX tiles here (the kernel built, the CPU has AMX)."""
+    return available() and head_dim % 32 == 0 and "amx" in isas()
 
 
 def supports_dims(head_dim: int) -> bool:
@@ -118,31 +128,39 @@ def supports_dims(head_dim: int) -> bool:
 
 
 def supports(q: torch.Tensor, keys: torch.Tensor) -> bool:
-    """Whether `attend` takes these shapes and dtypes (fp32 q, an fp32 or fp16 cache, head dim a multiple of 8 up
-    to 256, GQA groups)."""
+    """Whether `attend` takes these shapes and dtypes (fp32 q, an fp32, fp16 or bf16 cache, head dim a multiple of 8
+    up to 256, GQA groups)."""
     d = q.shape[-1]
-    return (q.dtype == torch.float32 and keys.dtype in (torch.float32, torch.float16) and supports_dims(d)
+    return (q.dtype == torch.float32 and keys.dtype in FORMATS and supports_dims(d)
             and keys.shape[-1] == d
             and q.shape[0] == keys.shape[0] and q.shape[1] % keys.shape[1] == 0 and keys.is_contiguous())
 
 
-_best: dict[int, int] = {}  # head dim -> ISAS code, once per process (a machine always takes one path)
+_best: dict[tuple, int] = {}  # (head dim, cache dtype) -> ISAS code, once per process (a machine takes one path)
+
+
+def best_code(head_dim: int, kv_dtype: torch.dtype) -> int:
+    """`ISAS[isa(head_dim, kv_dtype)]`, worked out once per process."""
+    key = (head_dim, kv_dtype)
+    return _best.get(key) or _best.setdefault(key, ISAS[isa(head_dim, kv_dtype)])
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: Rows,
            threads: int | None = None, use: str | None = None) -> torch.Tensor:
-    """Attention of q [B, H, n, D] (fp32) over the slots `rows` names in keys, values [B, Hk, S, D] (both fp32
-    or both fp16, contiguous): [B, n, H, D] fp32. `use`: an instruction set from `isas()` (default: `isa(D)`, the best).
-    Call only when `available()` and `supports(q, keys)`."""
+    """Attention of q [B, H, n, D] (fp32) over the slots `rows` names in keys, values [B, Hk, S, D] (both fp32,
+    fp16 or bf16, contiguous): [B, n, H, D] fp32. `use`: an instruction set from `isas()` (default: `isa(D, dtype)`,
+    the best). Call only when `available()` and `supports(q, keys)`."""
     B, H, n, D = q.shape
-    code = ISAS[use] if use else _best.get(D) or _best.setdefault(D, ISAS[isa(D)])
+    code = ISAS[use] if use else best_code(D, keys.dtype)
     if q.stride(-1) != 1:
         q = q.contiguous()
     out = torch.empty(B, n, H, D)
     rc = (_kernel.lib if _kernel.state else _load()).attend(q.data_ptr(), q.stride(0), q.stride(1), q.stride(2), keys.data_ptr(), values.data_ptr(),
                      out.data_ptr(), rows.prefix.data_ptr(), rows.offs.data_ptr(), rows.extra.data_ptr(),
-                     B, n, H, keys.shape[1], keys.shape[2], D, code, int(keys.dtype == torch.float16),
+                     B, n, H, keys.shape[1], keys.shape[2], D, code, FORMATS[keys.dtype],
                      threads or torch.get_num_threads())
+    if rc == 2:
+        raise MemoryError("attend: out of memory")
     if rc:
-        raise ValueError(f"attend: head dim {D}, heads {H}/{keys.shape[1]} or {use} not supported here")
+        raise ValueError(f"attend: head dim {D}, heads {H}/{keys.shape[1]}, {use} or a {keys.dtype} cache not supported here")
     return out

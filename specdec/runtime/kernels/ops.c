@@ -78,11 +78,20 @@ static inline void store_f16(uint16_t *out, const float *x, int64_t D) {
         _mm_storeu_si128((__m128i *)(out + j), _mm256_cvtps_ph(_mm256_loadu_ps(x + j), _MM_FROUND_TO_NEAREST_INT));
 }
 
-/* qkv [B, n, (H + 2 Hk) * D] contiguous; cos, sin [B, n, D]; kc, vc [B, Hk, S, D], fp32 or (half 1) fp16.
- * Returns 1 if D > 512, D is odd, or half and D % 8. */
+/* fp32 x[0 .. D) -> bf16 as torch's .to(torch.bfloat16) rounds: to nearest even, a NaN to 0x7fc0. */
+static inline void store_bf16(uint16_t *out, const float *x, int64_t D) {
+    for (int64_t j = 0; j < D; j++) {
+        uint32_t u;
+        memcpy(&u, x + j, sizeof u);
+        out[j] = x[j] != x[j] ? 0x7fc0 : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+}
+
+/* qkv [B, n, (H + 2 Hk) * D] contiguous; cos, sin [B, n, D]; kc, vc [B, Hk, S, D], fp32, fp16 or bf16 (fmt 0, 1, 2).
+ * Returns 1 if D > 512, D is odd, fmt is unknown, or fmt is 1 and D % 8. */
 int rope_store(float *qkv, const float *cos, const float *sin, void *kc, void *vc, int64_t B, int64_t n,
-               int64_t H, int64_t Hk, int64_t D, int64_t S, int64_t start, int half) {
-    if (D > 512 || D % 2 || (half && D % 8)) return 1;
+               int64_t H, int64_t Hk, int64_t D, int64_t S, int64_t start, int fmt) {
+    if (D > 512 || D % 2 || fmt < 0 || fmt > 2 || (fmt == 1 && D % 8)) return 1;
     const int64_t width = (H + 2 * Hk) * D;
     for (int64_t b = 0; b < B; b++)
         for (int64_t i = 0; i < n; i++) {
@@ -92,11 +101,11 @@ int rope_store(float *qkv, const float *cos, const float *sin, void *kc, void *v
             for (int64_t h = 0; h < Hk; h++) {
                 int64_t slot = ((b * Hk + h) * S + start + i) * D;
                 const float *v = row + (H + Hk + h) * D;
-                if (half) {
+                if (fmt) {
                     float k[512];
                     rotate(row + (H + h) * D, c, s, k, D);
-                    store_f16((uint16_t *)kc + slot, k, D);
-                    store_f16((uint16_t *)vc + slot, v, D);
+                    (fmt == 1 ? store_f16 : store_bf16)((uint16_t *)kc + slot, k, D);
+                    (fmt == 1 ? store_f16 : store_bf16)((uint16_t *)vc + slot, v, D);
                 } else {
                     rotate(row + (H + h) * D, c, s, (float *)kc + slot, D);
                     memcpy((float *)vc + slot, v, (size_t)D * sizeof(float));
@@ -184,7 +193,7 @@ void argmax_rows(const float *x, int64_t rows, int64_t n, int64_t ld, int64_t *o
  * that is 0: prompt processing is verified against nothing, so it may take a faster path). kv, per
  * segment and layer: the cache's k and v [1, Hk, S, D]. hidden: per layer 0 or an [N, d] buffer that receives
  * x after it. dims: d, H, Hk, D, I, N (rows of x), layers, segments. isas: qgemm's, skinny's, attend's,
- * threads, qgemm's for prefill rows (0: qgemm's), 1 when the caches hold fp16 (else fp32). Returns 0, or the
+ * threads, qgemm's for prefill rows (0: qgemm's), the caches' format (0 fp32, 1 fp16, 2 bf16). Returns 0, or the
  * first failing call's nonzero code (2: out of memory). */
 typedef int (*qgemm_fn)(int, int, const float *, const uint8_t *, const float *, const float *, const float *,
                         float *, int64_t, int64_t, int64_t, int64_t, int);

@@ -24,6 +24,8 @@ import torch
 
 from specdec.runtime import kernels
 
+FORMATS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # KV-cache dtype -> the format code of ops.c
+
 SOURCE = Path(__file__).with_name("ops.c")
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-shared", "-fPIC"]
 
@@ -67,13 +69,13 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, layer: int, start: int,
                heads: int, kv_heads: int) -> torch.Tensor:
     """Rotate q in place in qkv [B, n, (heads + 2 kv_heads) D] (fp32, contiguous), write rotated k and v to the
-    cache's slots start.. of `layer` (an fp32 or fp16 cache: rounded to nearest as `.half()` rounds); returns q
+    cache's slots start.. of `layer` (an fp32, fp16 or bf16 cache: rounded to nearest even as `.to()` rounds); returns q
     as a [B, heads, n, D] view. cos, sin: [B, (1,) n, D] contiguous."""
     B, n, width = qkv.shape
     D = width // (heads + 2 * kv_heads)
     keys, values = cache.k[layer], cache.v[layer]
     rc = _kernel.lib.rope_store(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
-                                B, n, heads, kv_heads, D, keys.shape[2], start, keys.dtype == torch.float16)
+                                B, n, heads, kv_heads, D, keys.shape[2], start, FORMATS[keys.dtype])
     if rc:
         raise ValueError(f"rope_store: head dim {D} not supported")
     return qkv.view(B, n, heads + 2 * kv_heads, D)[:, :, :heads].transpose(1, 2)
@@ -113,8 +115,8 @@ def forward_layers(desc: torch.Tensor, segs: list[int], kv: list[int], hidden: l
     out: desc the layers' weights (int64 [layers, LAYER_WORDS]), segs per segment (first row, rows, cache start,
     cache slots, attention rows' prefix, offs, extra, cos, sin addresses, 1 for prompt rows being prefilled),
     kv per segment and layer the cache's k and v, hidden per layer an output or 0, dims (d, H, Hk, D, I, N,
-    layers, segments), isas (qgemm, skinny_bf16, attend, threads, qgemm for prefill rows or 0, 1 for fp16
-    caches), fns (the first three's addresses)."""
+    layers, segments), isas (qgemm, skinny_bf16, attend, threads, qgemm for prefill rows or 0, the caches'
+    format: 0 fp32, 1 fp16, 2 bf16), fns (the first three's addresses)."""
     i64 = ctypes.c_int64
     rc = _kernel.lib.forward_layers(desc.data_ptr(), (i64 * len(segs))(*segs), (i64 * len(kv))(*kv),
                                     (i64 * len(hidden))(*hidden), x.data_ptr(), (i64 * len(dims))(*dims), eps,
