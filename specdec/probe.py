@@ -117,6 +117,7 @@ class ProbeResult:
     matmul: str = ""             # the matmul path the model ran on (`loader.matmul_path`)
     prefill_tokens_per_s: float = 0.0  # one prompt chunk of `context` tokens, fed in one forward (`prefill`)
     prefill_path: str = ""       # the path prompt rows took (`loader.prefill_path`; "" in probes cached before it)
+    attention: str = ""          # attention's path and KV-cache dtype (`loader.attention_path`; "" in older probes)
     cpu: str = ""                # the CPU's model name
     cpu_flags: list[str] = field(default_factory=list)  # its flags that choose matmul paths
     paths: dict[str, dict] = field(default_factory=dict)  # other paths (`probe_paths`): seconds, budget, prefill
@@ -214,7 +215,7 @@ def sweep_curve(times: dict[int, list[float]]) -> dict[int, float]:
 def measure(model: Transformer, name: str = "", context: int = 256, sizes=SIZES, repeats: int = 5,
             tolerance: float = 0.10, progress=None) -> ProbeResult:
     from specdec.bench.report import cpu_flags, cpu_model
-    from specdec.runtime.loader import matmul_path, prefill_path
+    from specdec.runtime.loader import attention_path, matmul_path, prefill_path
 
     load = OtherLoad()
     cache = model.new_cache(context + max(sizes))
@@ -246,7 +247,7 @@ def measure(model: Transformer, name: str = "", context: int = 256, sizes=SIZES,
                        relative=relative, budget=budget, weight_bytes=wbytes, bandwidth_gbs=bw,
                        bound_seconds=wbytes / (bw * 1e9), threads=torch.get_num_threads(),
                        load=load.share(), matmul=matmul_path(model), prefill_tokens_per_s=prefill,
-                       prefill_path=prefill_path(model),
+                       prefill_path=prefill_path(model), attention=attention_path(model),
                        cpu=cpu_model(), cpu_flags=cpu_flags())
 
 

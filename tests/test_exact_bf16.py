@@ -97,6 +97,10 @@ def test_a_bf16_cache_verifies_bit_identically_too(model, wide, monkeypatch):
     of 32 (AMX attention where the CPU has it: bf16 q, p and v), a chain, a tree and a lookahead window stay
     bit-identical to single positions."""
     from specdec.runtime.kernels import attention
+    from specdec.runtime.loader import attention_path
+    amx = "amx" in attention.isas()  # the default: bf16 where bf16 weights attend on tiles, else fp16
+    assert wide.kv_dtype == (torch.bfloat16 if amx else torch.float16) and model.kv_dtype == torch.float16
+    assert attention_path(wide) == ("amx, bf16 cache" if amx else f"{attention.isa(32)}, fp16 cache")
     for m in (model, wide):
         monkeypatch.setattr(m, "kv_choice", torch.bfloat16)
         assert m.new_cache(8).k[0].dtype == torch.bfloat16

@@ -206,7 +206,8 @@ def results_markdown(rows: Sequence[dict], meta: dict) -> str:
            "(1 / 5 / 15 min)" if m.get("load_avg") else "")
         + (f"; memory read bandwidth {m['memory_gbs'][0]:.0f} GB/s before the run, {m['memory_gbs'][1]:.0f} after "
            "(it drifts on shared hosts: compare methods within one run)" if m.get("memory_gbs") else ""),
-        f"- dtype: {meta['dtype']}" + (f", matmul path {meta['matmul']}" if meta.get("matmul") else "") + f"; prompts: {meta['prompts']} ({meta['n_prompts']} prompts, "
+        f"- dtype: {meta['dtype']}" + (f", matmul path {meta['matmul']}" if meta.get("matmul") else "")
+        + (f", attention {meta['attention']}" if meta.get("attention") else "") + f"; prompts: {meta['prompts']} ({meta['n_prompts']} prompts, "
         f"{meta['n_turns']} turns, limit {s['limit'] or 'none'} per category)",
         f"- decoding: " + ("greedy" if greedy else f"temperature {s['temperature']}, top-p {s['top_p']}, "
                                                    f"seed {s['seed']}")

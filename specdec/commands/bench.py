@@ -192,11 +192,11 @@ def run(args) -> int:
     before = measure_bandwidth()  # shared hosts' bandwidth drifts: the report says what it was
     records = runner.run_bench(llm, prompts, runners, settings, progress=args.progress, report=say)
     rows = report.summarize(records, [r.name for r in runners])
-    from specdec.runtime.loader import matmul_path
+    from specdec.runtime.loader import attention_path, matmul_path
 
     machine = dict(report.machine_info(), memory_gbs=[round(before, 1), round(measure_bandwidth(), 1)])
     meta = dict(command=command_line(args), date=report.now(), machine=machine, model=args.model,
-                draft=args.draft, dtype=dtype, matmul=matmul_path(llm.model), prompts=str(P.resolve_prompts(args.prompts)),
+                draft=args.draft, dtype=dtype, matmul=matmul_path(llm.model), attention=attention_path(llm.model), prompts=str(P.resolve_prompts(args.prompts)),
                 n_prompts=len(prompts), n_turns=sum(len(p.turns) for p in prompts),
                 methods=[r.name for r in runners],
                 settings=dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,

@@ -54,7 +54,8 @@ def run(args) -> int:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
     print(f"model {args.model}, {result.dtype}, {result.threads} threads, context {result.context}")
-    print(f"cpu {result.cpu} ({' '.join(result.cpu_flags) or 'no AVX2'}); matmul path {result.matmul} (the runtime's)")
+    print(f"cpu {result.cpu} ({' '.join(result.cpu_flags) or 'no AVX2'}); matmul path {result.matmul} (the runtime's)"
+          + (f"; attention {result.attention}" if result.attention else ""))
     curves = {result.matmul: dict(seconds=result.seconds, relative=result.relative, budget=result.budget,
                                   prefill_tokens_per_s=result.prefill_tokens_per_s), **result.paths}
     print(f"{'n':>4} " + " ".join(f"{p + ' ms':>16} {'x t(1)':>7}" for p in curves))

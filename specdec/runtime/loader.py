@@ -134,6 +134,18 @@ def matmul_path(model: Transformer) -> str:
     return model.lm_head.path or "torch"
 
 
+def attention_path(model: Transformer) -> str:
+    """Attention's path and the KV cache's dtype: "amx, bf16 cache"-style for the exact-attention kernel's
+    instruction set (`kernels.attention.isa`), "torch, ..." where torch attends (not an exact model, off the host,
+    or without the kernel: then row by row)."""
+    from specdec.runtime.kernels import attention
+
+    kv = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}.get(model.kv_dtype, str(model.kv_dtype))
+    if model.device.type != "cpu" or not model.row_exact or not attention.available():
+        return f"torch, {kv} cache"
+    return f"{attention.isa(model.cfg.head_dim, model.kv_dtype)}, {kv} cache"
+
+
 def prefill_path(model: Transformer) -> str:
     """The path prompt rows' matmuls take (`Transformer.prefill`): "q4/amx"-style where the quantized layers have a
     prefill ISA (`quant.prefill_isa`), else `matmul_path(model)`."""

@@ -1,4 +1,4 @@
-/* AMX-BF16 tile machinery shared by skinny.c (bf16 weights) and qgemm.c (quantized weights, prefill).
+/* AMX-BF16 tile machinery shared by skinny.c (bf16 weights), qgemm.c (quantized weights, prefill) and attention.c (bf16 caches).
  *
  * One `tdpbf16ps` multiplies a 16 x 32 bf16 tile A by a 32 x 16 tile B into a 16 x 16 fp32 tile C: 8192
  * multiply-adds. Here A is x (up to 16 positions x 32 inputs, its rows as they lie in memory, rounded to bf16) and
@@ -78,12 +78,12 @@ static inline void amx_pad(uint16_t *xb, int64_t n, int64_t in) {
     memset(xb + n * in, 0, (size_t)((amx_rows(n) - n) * in) * sizeof(uint16_t));
 }
 
-/* The tile configuration for a call over n positions: C tiles 0 and 1 and the A tile 4 with n rows (16 when n >= 16),
- * the B tiles 5 and 6 with 16 (pairs of inputs); all 64 bytes wide. */
+/* The tile configuration for a call over n positions (or query rows): the C tiles 0..3 and the A tile 4 with n rows
+ * (16 when n >= 16), the B tiles 5..7 with 16 (pairs of inputs); all 64 bytes wide. */
 AMX_FN static void amx_configure(int64_t n) {
     const int rows = n < 16 ? (int)n : 16;
     uint8_t cfg[64] __attribute__((aligned(64))) = {1};
-    for (int t = 0; t < 8; t++) cfg[16 + 2 * t] = 64, cfg[48 + t] = (t == 0 || t == 1 || t == 4) ? rows : 16;
+    for (int t = 0; t < 8; t++) cfg[16 + 2 * t] = 64, cfg[48 + t] = t < 5 ? rows : 16;
     __asm__ volatile("" ::"r"(cfg) : "memory"); /* gcc 12 dropped the stores of a struct's fields before it */
     _tile_loadconfig(cfg);
 }

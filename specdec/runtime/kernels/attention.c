@@ -365,22 +365,26 @@ T512 static inline __attribute__((always_inline)) void task512(const float *q, i
 
 /* ---- AMX: attention on bf16 tiles (isa 3, bf16 caches, D a multiple of 32) ----------------------------
  * What torch's bf16 attention computes (bf16 q, k, p and v, fp32 sums), in an order that does not depend on n.
- * Per (request, KV head) the keys are laid out once for the tiles (`amx_layout`): K in blocks of 16 keys as
- * B tiles (one 64-byte row per pair of dims, the 16 keys' pairs side by side), V in blocks of 32 keys as
- * B tiles (one row per pair of keys, 16 dims' pairs side by side); keys past the last one any row sees are zero.
- * Then each group of up to 16 query rows (a row is a position and one of the KV head's G query heads), as A tiles:
+ * A task is a group of up to 16 query rows of one KV head (a row: a position and one of the KV head's G query
+ * heads), the A tiles' rows. For it, block by block, the keys are laid out for the B tiles in a few KB that stay
+ * in L1 (`amx_k_block`: 16 keys, one 64-byte row per pair of dims with the keys' pairs side by side;
+ * `amx_v_block`: 32 keys, one row per pair of keys with 16 dims' pairs side by side) and used at once: laying
+ * out the whole head first and reading it back went through L2 and cost more than the tiles' arithmetic.
  *   - q scaled by 1/sqrt(D) in fp32, rounded to bf16 (round to nearest even);
- *   - S = q K^T, 16 keys a C tile, D/32 tdpbf16ps in dim order;
+ *   - S = q K^T by slot, 16 keys a C tile, D/32 tdpbf16ps in dim order;
  *   - the row's scores in list order (its prefix, then its extras), m = their max;
- *   - p = exp16(S - m), 0 past the list, rounded to bf16; l = the rounded p summed in 16 lanes in key order,
+ *   - p = exp16(S - m), 0 past the list, rounded to bf16; l = the rounded p summed in 16 lanes in list order,
  *     the lanes folded as `task512` folds them;
- *   - O = p V, 32 keys a tdpbf16ps into 16 dims a C tile, in key order; out = O / l.
- * A row's S, p and O elements come from its own q and p and the keys' slots, which sit at the same place in the
- * tiles whatever other rows share the call (slot j is key j of the layout); the keys past its list add exact zeros.
- * So a (row, head)'s bits do not depend on n, the rows sharing its tiles or the threads.
- * Worked example: SmolLM2 (9 query heads, 3 KV heads, D = 64), 16 new positions after 240 cached: per KV head
- * the keys 0..255 are laid out once (16 K blocks, 8 V blocks), then 48 query rows run as 3 groups of 16: per
- * group 32 tdpbf16ps for S, 32 for O. */
+ *   - O = p V, 32 list positions a tdpbf16ps into 16 dims a C tile, in order; out = O / l.
+ * List position t meets the t-th key of the row's list at position t of the V tiles, as in a single-position
+ * call (whose list is slots 0..t): for positions before a row's first extra that is slot t, shared by the group;
+ * a row with extras (a tree node) then adds its own V blocks, its C row loaded, added to and stored with the other
+ * rows' A rows zero. Positions past a row's list add exact zeros. So a (row, head)'s bits depend only on its q and
+ * its list's keys and values: not on n, the rows sharing its tiles, or the threads.
+ * Worked example: SmolLM2 (9 query heads, 3 KV heads, D = 64), 16 new positions after 240 cached: 48 query rows
+ * per KV head, 3 groups of 16 (9 tasks); per group 16 K blocks and 8 V blocks laid out, 16 tdpbf16ps for S, 32
+ * for O. Cost (2-core Xeon, model 167, one layer): 16 rows ~60 us against ~145 us for exact fp32 attention over
+ * the fp16 cache, one row ~26-30 us against ~19-28 (`benchmarks/s21/attention_amx.py`). */
 
 #define AKEYS 32 /* keys per V block (a B tile's 16 rows of key pairs); K blocks hold 16 */
 
@@ -470,14 +474,6 @@ AMX_FN static inline void amx_unpermute(const float *o, float *out, int64_t D, _
     }
 }
 
-/* Tiles for m query rows: C 0..3 and A 4 with m rows, B 5..7 with 16; all 64 bytes wide. */
-AMX_FN static void amx_rows_config(int m) {
-    uint8_t cfg[64] __attribute__((aligned(64))) = {1};
-    for (int t = 0; t < 8; t++) cfg[16 + 2 * t] = 64, cfg[48 + t] = t < 5 ? m : 16;
-    __asm__ volatile("" ::"r"(cfg) : "memory");
-    _tile_loadconfig(cfg);
-}
-
 /* C tiles 0 .. nc-1 to / from o (16 dims each, rows D floats apart). */
 AMX_FN static inline void amx_store_c(float *o, int64_t D, int nc) {
     _tile_stored(0, o, D * 4);
@@ -525,7 +521,7 @@ AMX_FN static void amx_group(const aseg *a, int64_t H, int64_t D, int64_t G, int
     }
     const int64_t keys = L, steps = D / 32;
     L = up32(L);
-    amx_rows_config(m);
+    amx_configure(m);
     for (int64_t t0 = 0; t0 < L; t0 += 32) { /* S by slot, two K blocks of 16 keys at a time */
         amx_k_block(k, keys, t0, D, kt);
         amx_k_block(k, keys, t0 + 16, D, kt + 16 * D);
