@@ -20,3 +20,6 @@ for kv in auto fp16; do
       --methods plain,prompt-lookup,recycling,lookahead,medusa,eagle@chain,eagle@dynamic --prompts spec-bench --limit 1 \
       $( [ $kv = auto ] && echo --compare-hf ) --no-progress --out $B/smollm2-specbench-bf16-kv$kv
 done
+# greedy equality of the other drafters with the bf16 cache (not a timing)
+.venv/bin/specdec bench --model smollm2-135m --dtype bf16 --methods plain,early-exit,hybrid,draft --draft smollm2-135m \
+    --prompts humanevalfix --limit 3 --max-new-tokens 64 --no-progress --out $B/smollm2-humanevalfix-bf16-others
