@@ -153,6 +153,8 @@ def test_unsupported_shapes_are_refused():
     assert not attention.supports(q.double(), keys.double())
     assert attention.supports(q, keys.half()) and attention.supports(q, keys.bfloat16())
     assert not attention.supports(q[:, :3], keys)  # 3 query heads on 4 KV heads
+    with pytest.raises(ValueError, match="must match"):
+        attention.attend(q, keys.bfloat16(), keys.float(), attention.Rows.chain(2, 2))
 
 
 def test_long_chain_verifies_bit_identically(model):  # noqa: F811

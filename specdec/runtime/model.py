@@ -29,8 +29,8 @@ a step, twice the ~112 MB of weights; with fp16 that step takes 0.86-0.91x the t
 0.70-0.74x; BENCHMARKS.md, session 19). fp16 widens to fp32 exactly, so attention reads back the rounded keys
 and values, and a position's rounding never depends on which forward wrote it. bf16 weights on a CPU with AMX
 keep it in bf16 instead and attend on the tiles (`kernels.attention`, "amx": bf16 q, k, softmax weights and v
-with fp32 sums, torch's bf16 attention; SmolLM2 at 256 positions, 2-core Xeon: 16 positions 1.21 steps
-against 1.35 with fp16, perplexity unchanged; BENCHMARKS.md, session 21). Elsewhere it is the activations' dtype.
+with fp32 sums, torch's bf16 attention; SmolLM2 at 256 positions, 2-core Xeon: 16 positions 1.18 steps
+against 1.31 with fp16, perplexity unchanged; BENCHMARKS.md, session 21). Elsewhere it is the activations' dtype.
 Exact models (bf16 on the kernel, q8, q4: `Transformer.row_exact`) attend through the exact-attention kernel
 (`specdec.runtime.kernels.attention`): all n rows in one call, each (row, head) over exactly the key slots a
 single-position forward at that position sees (the cache, then its ancestors and itself), with an order of

@@ -382,7 +382,7 @@ T512 static inline __attribute__((always_inline)) void task512(const float *q, i
  * rows' A rows zero. Positions past a row's list add exact zeros. So a (row, head)'s bits depend only on its q and
  * its list's keys and values: not on n, the rows sharing its tiles, or the threads.
  * Worked example: SmolLM2 (9 query heads, 3 KV heads, D = 64), 16 new positions after 240 cached: 48 query rows
- * per KV head, 3 groups of 16 (9 tasks); per group 16 K blocks and 8 V blocks laid out, 16 tdpbf16ps for S, 32
+ * per KV head, 3 groups of 16 (9 tasks); per group 16 K blocks and 8 V blocks laid out, 32 tdpbf16ps for S, 32
  * for O. Cost (2-core Xeon, model 167, one layer): 16 rows ~60 us against ~145 us for exact fp32 attention over
  * the fp16 cache, one row ~26-30 us against ~19-28 (`benchmarks/s21/attention_amx.py`). */
 
@@ -499,12 +499,11 @@ AMX_FN static inline void amx_pv(const uint16_t *a, int64_t lda, const uint16_t 
     if (nc > 3) { _tile_loadd(5, vb + 48 * AKEYS, 64); _tile_dpbf16ps(3, 4, 5); }
 }
 
-/* Rows r0 .. r0+m-1 (row r: position r / G, query head kh * G + r % G) of segment a's KV head kh, whose keys are laid
- * out in kt, vt. A row's keys are its list (slots 0 .. prefix-1, then its extras): list position t's p meets the
- * list's t-th value at position t of the V tiles, as in a single-position call where the list is slots 0 .. t.
- * The shared V layout has slot t at position t, so it serves every row up to its first extra's block; a row with
- * extras then adds its own V blocks from there, its C row loaded, added to and stored (the other rows' A rows zero).
- * Scratch: qb [16 D] and pb, pl [16 L] bf16, s [16 L] and ob [16 D] fp32, vr one V block (32 D bf16). */
+/* Rows r0 .. r0+m-1 (row r: position r / G, query head kh * G + r % G) of segment a's KV head kh, as the section's
+ * comment says: S by slot, softmax in each row's list order, O from V blocks with slot t at position t up to a row's
+ * first extra's block, then that row's own V blocks. Scratch: qb [16 D], pb (the shared pass's p: zero from a row's
+ * own blocks on) and pl (each row's p) [16 L] bf16, s [16 L] and ob [16 D] fp32; kt two K blocks (32 D bf16), vt
+ * one V block's 64 dims (32 x 64 bf16); L = the rows' slots rounded up to 32. */
 AMX_FN static void amx_group(const aseg *a, int64_t H, int64_t D, int64_t G, int64_t kh, int64_t r0, int m,
                              uint16_t *qb, float *s, uint16_t *pb, uint16_t *pl, float *ob, uint16_t *kt, uint16_t *vt) {
     const __m512 scale = _mm512_set1_ps(1.0f / sqrtf((float)D));
@@ -542,7 +541,7 @@ AMX_FN static void amx_group(const aseg *a, int64_t H, int64_t D, int64_t G, int
         const int64_t i = (r0 + j) / G, pre = a->prefix[i], *ex = a->extra + a->offs[i], ne = a->offs[i + 1] - a->offs[i];
         float *sr = s + j * L;
         for (int64_t e = 0; e < ne; e++) sr[pre + e] = sr[ex[e]]; /* in place: extras ascend from slot pre on */
-        const int64_t len = pre + ne, own = ne ? pre / AKEYS * AKEYS : L; /* the shared V layout serves < own */
+        const int64_t len = pre + ne, own = ne ? pre / AKEYS * AKEYS : L; /* shared V blocks serve < own */
         const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         __m512 mx = _mm512_set1_ps(-INFINITY);
         for (int64_t t = 0; t < L; t += 16) /* positions from len on are masked out (vector masks, not stores) */
@@ -600,8 +599,8 @@ AMX_FN static void amx_group(const aseg *a, int64_t H, int64_t D, int64_t G, int
     }
 }
 
-/* A buffer of at least `bytes` for this thread, kept for its next calls (growing when asked for more): a fresh
- * malloc of the K/V layouts (~200 KB for SmolLM2 at 256 positions) went to mmap and its page faults every call. */
+/* A buffer of at least `bytes` for this thread, 64-byte aligned, kept for its next calls (growing when asked for more):
+ * no allocation per call. */
 static void *scratch(void **buf, size_t *size, size_t bytes) {
     if (bytes > *size) {
         free(*buf);

@@ -151,6 +151,9 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: Rows
     fp16 or bf16, contiguous): [B, n, H, D] fp32. `use`: an instruction set from `isas()` (default: `isa(D, dtype)`,
     the best). Call only when `available()` and `supports(q, keys)`."""
     B, H, n, D = q.shape
+    if values.dtype != keys.dtype or values.shape != keys.shape:
+        raise ValueError(f"attend: keys {keys.dtype} {tuple(keys.shape)} and values {values.dtype} "
+                         f"{tuple(values.shape)} must match")
     code = ISAS[use] if use else best_code(D, keys.dtype)
     if q.stride(-1) != 1:
         q = q.contiguous()

@@ -23,8 +23,7 @@ from pathlib import Path
 import torch
 
 from specdec.runtime import kernels
-
-FORMATS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # KV-cache dtype -> the format code of ops.c
+from specdec.runtime.kernels.attention import FORMATS  # KV-cache dtype -> format code, as ops.c takes it too
 
 SOURCE = Path(__file__).with_name("ops.c")
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-shared", "-fPIC"]
