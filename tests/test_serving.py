@@ -483,8 +483,10 @@ def test_prefill_room_from_the_cost_curve():
 
 
 def test_prefill_beside_decoding_keeps_within_the_stall_with_the_same_output(model, tmp_path, monkeypatch):  # noqa: F811
-    """With requests decoding, a step's prompt positions stay within `prefill_room` (cut anywhere: same bits);
-    with the stall off the whole chunk goes in. Every request still equals its decode()."""
+    """With requests decoding, a step's prompt positions stay within `prefill_room` (cut anywhere: same bits),
+    less the positions of the step's drafts when it speculates (the stall bounds the whole step; at least one
+    prompt position still goes in); with the stall off the whole chunk goes in. Every request still equals its
+    decode()."""
     from specdec.serving import engine as engine_module
     from tests.tiny import save_tiny_tokenizer
 
@@ -494,26 +496,30 @@ def test_prefill_beside_decoding_keeps_within_the_stall_with_the_same_output(mod
     refs = [reference(model, tok, i, 20, PromptLookup(), AdaptiveK()) for i in ids]
     real = engine_module.packed_forward
     curve = CostCurve({1: 1.0, 2: 1.1, 4: 1.3, 8: 1.8, 64: 12.0})
-    for stall in (1.3, 0):
-        steps = []  # (decoding requests, prompt positions) per step
+    for speculation, stall in (("never", 1.3), ("always", 1.6), ("never", 0)):
+        steps = []  # (decoding requests, prompt positions, draft positions) per step
 
         def spy(m, segments, layers=()):
-            steps.append((sum(1 for s in segments if s.logits), sum(len(s) for s in segments if not s.logits)))
+            steps.append((sum(1 for s in segments if s.logits), sum(len(s) for s in segments if not s.logits),
+                          sum(len(s) - 1 for s in segments if s.logits)))
             return real(m, segments, layers)
         monkeypatch.setattr(engine_module, "packed_forward", spy)
-        engine = Engine(model, tok, budget=6, cost=curve, speculation="never", max_batch=3, prefill_chunk=64,
+        engine = Engine(model, tok, budget=6, cost=curve, speculation=speculation, max_batch=3, prefill_chunk=64,
                         prefill_stall=stall)
         assert engine.cut_anywhere
         jobs = [Job(i, Request(max_new_tokens=20), method="prompt-lookup") for i in ids]
         events = run_engine(engine, jobs)
         for job, ref in zip(jobs, refs):
             assert [t for e in events[job.id] for t in e.tokens] == ref.token_ids
-        beside = [p for b, p in steps if b and p]
-        assert beside and sum(p for _, p in steps) == sum(len(i) - 1 for i in ids)
+        beside = [p for b, p, _ in steps if b and p]
+        assert beside and sum(p for _, p, _ in steps) == sum(len(i) - 1 for i in ids)
         if stall:
-            assert all(p <= engine.prefill_room(b) for b, p in steps if b) and max(beside) <= 3
+            assert all(p + d <= max(engine.prefill_room(b), d + 1) for b, p, d in steps if b and p)
+            assert max(beside) <= engine.prefill_room(1)
         else:
             assert max(beside) > 3  # the 70-token prompt goes in whole beside the others
+        if speculation == "always":  # drafts and prompt pieces shared steps, the drafts first
+            assert any(p and d for _, p, d in steps)
 
 
 def test_the_steps_overhead_makes_a_draft_relatively_cheaper():
@@ -694,6 +700,24 @@ def test_mode_picker_gives_a_tie_to_never_and_does_not_flap():
     assert picks[-100:].count("never") > 80 and p.current[16] == "never"
     assert "always" not in picks  # never explores only its neighbour, the model's grants (`EXPLORES`)
     assert p.current[1] == "model"
+
+
+def test_mode_picker_judges_bursty_tokens_by_their_mean():
+    """A speculating step's tokens come in bursts (nothing accepted, or the whole draft), so its tokens per second
+    vary far more than a plain step's. Every ask granted (1 or 6 tokens, 60/40, in 1.5 steps' time: 2.0 a
+    step) beats the model's grants (1 or 3, 75/25, 1.5 a step) by a third, and the picker finds it; a mean of
+    log rates would measure it 0.91x (its mean log of tokens is 0.72 where the log of its mean is 1.10) and
+    never switch. A never step (1 token in 0.9 steps' time: 1.11 a step) is measured 0.74x the model's grants."""
+    p, rng = ModePicker(explore=8, margin=0.02), random.Random(5)
+    bursts = {"model": ((1, 3), 0.75, 1.0), "always": ((1, 6), 0.6, 1.5), "never": ((1, 1), 1.0, 0.9)}
+    for _ in range(1500):
+        arm = p.choose(1)
+        (low, high), chance, seconds = bursts[arm]
+        p.record(1, arm, tokens=low if rng.random() < chance else high, seconds=seconds)
+        if p.current[1] == "model":
+            current, ratios = p.estimates(1)
+    assert p.current[1] == "always"
+    assert ratios["never"][0] == pytest.approx(1.11 / 1.5, abs=0.05)
 
 
 def test_mode_picker_explores_less_once_settled_and_again_after_a_switch():

@@ -7,8 +7,9 @@ Every step, for all running requests at once:
              (`row_exact`, with the exact-attention kernel) gives every position the same bits however a
              prompt is cut, so its pieces are cut to fit: beside B decoding requests a step takes only the
              prompt positions that keep it within `prefill_stall` decode-only steps by the measured cost
-             curve (`prefill_room`; the whole chunk when nobody decodes), so a new prompt delays the others'
-             next tokens by a bounded amount, not by a whole chunk's forward. Otherwise pieces are cut as
+             curve (`prefill_room`, less the positions of the step's drafts; the whole chunk when nobody
+             decodes), so a new prompt delays the others' next tokens by a bounded amount, not by a whole
+             chunk's forward, speculating or not. Otherwise pieces are cut as
              decode() cuts them (`prefill_spans`, so the KV cache holds the same bits), whole while they fit,
              at least one
     grant:   each decoding request's k from the scheduler (its own alpha and tau, B, priority, and the
@@ -241,21 +242,9 @@ class Engine:
     def _step(self) -> None:
         t0 = time.perf_counter()
         decoding = [s for s in self.running if s.decoding]
-        segments, prefills, left = [], [], self.prefill_room(len(decoding))
-        room = left
-        for slot in self.running:  # prefill pieces, oldest request first (see the module docstring)
-            if not slot.decoding and left > 0:
-                end = prefill_spans(slot.prefilled, len(slot.job.prompt_ids) - 1)[0][1]
-                if self.cut_anywhere:
-                    end = min(end, slot.prefilled + left)
-                elif end - slot.prefilled > left and segments:
-                    break
-                segments.append(Segment(slot.cache, slot.job.prompt_ids[slot.prefilled:end], logits=False,
-                                        features=bool(slot.features)))
-                prefills.append((slot, end))
-                left -= end - slot.prefilled
-        grants, drafted = self._grants(decoding, room - left)
-        rounds = []
+        room = self.prefill_room(len(decoding))
+        grants, drafted = self._grants(decoding, self._pieces(room)[1])
+        rounds, segments = [], []
         for slot in decoding:
             k, draft = grants.get(slot.job.id, 0), drafted.get(slot.job.id)
             if k == 0:
@@ -271,6 +260,11 @@ class Engine:
             segments.append(Segment(slot.cache, [slot.ctx.tokens[-1]] + draft.tokens.tolist() + extra, offsets, local,
                                     features=bool(slot.features)))
             rounds.append((slot, k, draft))
+        if decoding and self.prefill_stall and self.cut_anywhere:  # the stall bounds the whole step: the drafts
+            room = max(room - sum(len(s) - 1 for s in segments), 1)  # take their positions of it first
+        prefills, _ = self._pieces(room)
+        segments = [Segment(slot.cache, slot.job.prompt_ids[slot.prefilled:end], logits=False,
+                            features=bool(slot.features)) for slot, end in prefills] + segments
         td = time.perf_counter()
         layers = next((s.features for s in self.running if s.features), ())  # one model, one head: the same layers
         logits = packed_forward(self.model, segments, layers)[len(prefills):]
@@ -293,6 +287,21 @@ class Engine:
             self.overhead += OVERHEAD_WEIGHT * (extra - self.overhead)
         self.metrics.step(batch=len(decoding), positions=positions, budget=self.line, tokens=committed,
                           seconds=seconds)
+
+    def _pieces(self, room: int) -> tuple[list[tuple[Slot, int]], int]:
+        """The prompt pieces a step prefills within `room` positions, oldest request first (module docstring):
+        [(slot, end of its piece)], and their positions in all."""
+        pieces, left = [], room
+        for slot in self.running:
+            if not slot.decoding and left > 0:
+                end = prefill_spans(slot.prefilled, len(slot.job.prompt_ids) - 1)[0][1]
+                if self.cut_anywhere:
+                    end = min(end, slot.prefilled + left)
+                elif end - slot.prefilled > left and pieces:
+                    break
+                pieces.append((slot, end))
+                left -= end - slot.prefilled
+        return pieces, room - left
 
     def prefill_room(self, batch: int) -> int:
         """Prompt positions a step may prefill beside `batch` decoding requests: the whole `prefill_chunk` when
