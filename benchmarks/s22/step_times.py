@@ -53,8 +53,10 @@ def q(xs, p):
 
 beside = [s for s in steps if s[0] and s[1]]
 alone = [s[3] for s in steps if s[0] and not s[1]]
-print(f"C = {C}, {mode}: {len(steps)} steps; {len(beside)} prefilled beside decoding: p50 {q([s[3] for s in beside], .5):.1f} "
-      f"ms, max {q([s[3] for s in beside], 1):.1f}, {statistics.fmean(s[1] for s in beside):.1f} prompt and "
-      f"{statistics.fmean(s[2] for s in beside):.2f} draft positions on average; decode-only p50 {q(alone, .5):.1f} ms, "
+print(f"C = {C}, {mode}: {len(steps)} steps; {len(beside)} prefilled beside decoding: "
+      f"p50 {q([s[3] for s in beside], .5):.1f} ms, max {q([s[3] for s in beside], 1):.1f}, "
+      f"{statistics.fmean(s[1] for s in beside):.1f} prompt and "
+      f"{statistics.fmean(s[2] for s in beside):.2f} draft positions on average; "
+      f"decode-only p50 {q(alone, .5):.1f} ms, "
       f"p99 {q(alone, .99):.1f}; every decoding step p50 {q([s[3] for s in steps if s[0]], .5):.1f}, "
       f"p99 {q([s[3] for s in steps if s[0]], .99):.1f}")
