@@ -21,3 +21,5 @@ for out in serve-smollm2 serve-smollm2-2; do
 done
 .venv/bin/specdec loadtest --serve auto,always,never --model smollm2-135m --concurrency 1,2,4,8,16 --repeat 5 \
     --max-tokens 64 --prompts spec-bench --out $B/serve-smollm2-r5
+.venv/bin/specdec loadtest --serve auto,always,never --model qwen2.5-coder-1.5b --dtype q4 --concurrency 1,2,4,8,16 \
+    --max-tokens 32 --timeout 900 --out $B/serve-qwen1.5b
