@@ -243,7 +243,8 @@ class Engine:
         t0 = time.perf_counter()
         decoding = [s for s in self.running if s.decoding]
         room = self.prefill_room(len(decoding))
-        grants, drafted = self._grants(decoding, self._pieces(room)[1])
+        prefills, planned = self._pieces(room)
+        grants, drafted = self._grants(decoding, planned)
         rounds, segments = [], []
         for slot in decoding:
             k, draft = grants.get(slot.job.id, 0), drafted.get(slot.job.id)
@@ -262,7 +263,8 @@ class Engine:
             rounds.append((slot, k, draft))
         if decoding and self.prefill_stall and self.cut_anywhere:  # the stall bounds the whole step: the drafts
             room = max(room - sum(len(s) - 1 for s in segments), 1)  # take their positions of it first
-        prefills, _ = self._pieces(room)
+            if room < planned:
+                prefills, _ = self._pieces(room)
         segments = [Segment(slot.cache, slot.job.prompt_ids[slot.prefilled:end], logits=False,
                             features=bool(slot.features)) for slot, end in prefills] + segments
         td = time.perf_counter()
