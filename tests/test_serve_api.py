@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -268,26 +269,45 @@ def test_loadtest_against_a_live_server(tiny, live, tmp_path):
     assert main(["loadtest", "--url", "http://10.0.0.1:8000", "--prompts", str(prompts)]) == 2  # loopback only
 
 
+def test_median_interval_takes_the_binomial_ranks():
+    """The interval of a median from n paired runs: the l-th smallest to the l-th largest, l the largest rank that
+    covers the median with 95% (the count below it is Binomial(n, 1/2)): the textbook ranks at 6, 9, 15 and 20."""
+    import random
+    from math import comb
+
+    from specdec.serving.loadtest import median_interval
+
+    assert median_interval([1.0] * 5) is None  # 5 runs cover it with 94% at best: no 95% interval
+    for n, l in ((6, 1), (9, 2), (15, 4), (17, 5), (20, 6)):
+        xs = [i / 10 for i in range(1, n + 1)]
+        random.Random(n).shuffle(xs)
+        assert median_interval(xs) == (l / 10, (n + 1 - l) / 10)
+        cover = lambda r: 1 - 2 * sum(comb(n, i) for i in range(r)) / 2 ** n  # noqa: E731
+        assert cover(l) >= 0.95 > cover(l + 1)
+
+
 def test_loadtest_starts_its_own_servers(tiny, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"turns": ["abcabc"]}) + "\n")
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, "-m", "specdec.cli", "loadtest", "--serve", "never,auto", "--model", tiny[0],
                           "--dtype", "fp32", "--budget", "4", "--concurrency", "2", "--requests", "2",
-                          "--prompts", str(prompts), "--max-tokens", "4", "--repeat", "3", "--out", str(tmp_path / "lt")],
+                          "--prompts", str(prompts), "--max-tokens", "4", "--repeat", "6", "--out", str(tmp_path / "lt")],
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     order = [line.split(" c=")[0] for line in out.stderr.splitlines() if " c=2: " in line]
-    assert order == ["never", "auto", "auto", "never", "never", "auto"]  # interleaved, the first rotated
+    assert order == ["never", "auto", "auto", "never"] * 3  # interleaved, the first rotated
     levels = json.loads((tmp_path / "lt" / "loadtest.json").read_text())["levels"]
-    assert [(lv["mode"], lv["errors"], lv["completed"], lv["requests"]) for lv in levels] == [("never", 0, 6, 6),
-                                                                                             ("auto", 0, 6, 6)]
+    assert [(lv["mode"], lv["errors"], lv["completed"], lv["requests"]) for lv in levels] == [("never", 0, 12, 12),
+                                                                                             ("auto", 0, 12, 12)]
     assert levels[0]["server"]["drafted"] == 0 and levels[0]["alpha"] is None  # never speculates
     never, auto = levels
-    assert len(never["throughputs"]) == 3 and never["throughput"] == sorted(never["throughputs"])[1]  # the median run
+    assert len(never["throughputs"]) == 6 and never["throughput"] == statistics.median(never["throughputs"])
     assert never["paired"]["auto"] * auto["paired"]["never"] == pytest.approx(1.0)  # one median ratio, both ways
     assert never["paired_itl_p99"]["auto"] * auto["paired_itl_p99"]["never"] == pytest.approx(1.0)
-    assert "× auto" in (tmp_path / "lt" / "loadtest.md").read_text() and "raw" not in never
+    (lo, hi), (lo2, hi2) = never["paired_interval"]["auto"], auto["paired_interval"]["never"]
+    assert lo <= never["paired"]["auto"] <= hi and (lo * hi2, hi * lo2) == pytest.approx((1.0, 1.0))  # 6 runs: all
+    assert f"× auto ({lo:.2f}–{hi:.2f})" in (tmp_path / "lt" / "loadtest.md").read_text() and "raw" not in never
 
 
 def test_dashboard_page_in_a_browser(tiny, client, live, tmp_path):

@@ -683,6 +683,25 @@ def test_mode_picker_carries_a_proof_to_larger_and_smaller_batches():
     assert run(16, 3000, paying)[-100:].count("model") > 80  # 16's own evidence overrides what was carried
 
 
+def test_mode_picker_starts_on_never_where_the_batch_fills_the_budget_line(tiny):
+    """The lesson's prior: from B = the budget line on, every drafted position is past it, so a bucket whose
+    smallest batch reaches the line starts on never (exploring the model's grants, which take over only with a
+    proof); below it, and always at one request, on the model's grants. An engine gives its picker the line of
+    its cost curve."""
+    p, rng = ModePicker(explore=8, margin=0.02, line=3), random.Random(6)
+    assert [p.choose(b) for b in (1, 2, 3, 4, 8, 16, 40)] == ["model", "model"] + ["never"] * 5
+    assert [ModePicker(line=n).choose(b) for n, b in ((1, 1), (1, 2), (4, 3), (4, 5), (9, 8), (9, 9))] == \
+        ["model", "never", "model", "never", "model", "never"]
+    assert ModePicker().choose(40) == "model"  # no line: every bucket starts on the model's grants
+    paying = {"model": 150.0, "never": 100.0, "always": 140.0}
+    picks = picked(ModePicker(explore=8, margin=0.02, line=3), 4, 3000, paying, rng)
+    assert set(picks[:7]) == {"never"} and picks[7::8][:4] == ["model"] * 4  # explores the model's grants only
+    assert picks[-100:].count("model") > 80  # and they prove themselves
+    model, tok = tiny
+    engine = Engine(model, tok, cost=CostCurve({1: 1.0, 2: 1.05, 3: 1.1, 4: 1.3, 8: 2.0}), speculation="auto")
+    assert engine.line == 3 and engine.picker.choose(2) == "model" and engine.picker.choose(3) == "never"
+
+
 def test_mode_picker_gives_a_tie_to_never_and_does_not_flap():
     """At equal throughput never's steps are shorter (a lower tail of inter-token latency), so never takes over
     from the model's grants on a proven tie (within the margin), and a bucket first seen later starts on it;

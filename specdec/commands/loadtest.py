@@ -60,10 +60,14 @@ def register(sub) -> None:
                         "the concurrency every request starts at once and the level times its slowest request, not "
                         "the server's throughput at that load: speculation then gains only where it speeds up the "
                         "slowest one")
+    p.add_argument("--waves", type=int, default=4, metavar="W",
+                   help="without --requests: W x the level's concurrency requests (at least 4 W; default 4). Shorter "
+                        "levels leave time for more --repeat runs, which the paired comparison of modes needs more")
     p.add_argument("--repeat", type=int, default=1, metavar="R",
                    help="run every level R times per server, the servers' order rotated each time, and report the "
-                        "median run's throughput with latencies pooled over the runs (default 1; the machine's speed "
-                        "drifts, so a comparison of modes wants 3 or more)")
+                        "median run's throughput with latencies pooled over the runs, and each mode's paired ratio "
+                        "to the others (default 1; the machine's speed drifts, so a comparison of modes wants 3 or "
+                        "more, and from 6 the table gives the paired ratio's 95%% interval)")
     p.add_argument("--prompts", default="spec-bench",
                    help="spec-bench (default), humanevalfix, or a jsonl file in either format (first turns are used)")
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens per request (default 64)")
@@ -74,13 +78,11 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def paired(mode: str, runs: dict[str, list[dict]], measure: str = "throughput") -> dict[str, float]:
-    """`mode`'s throughput (or `measure` "itl_p99": its p99 inter-token latency) over each other mode's, the
-    median of the ratios of runs made one after the other (the r-th run of each): the machine's speed drifts by
-    a third over minutes, and a pair shares its phase, where latencies pooled over runs mostly say which mode
-    met the slow phases."""
-    import statistics
-
+def paired(mode: str, runs: dict[str, list[dict]], measure: str = "throughput") -> dict[str, list[float]]:
+    """`mode`'s throughput (or `measure` "itl_p99": its p99 inter-token latency) over each other mode's, one ratio
+    per pair of runs made one after the other (the r-th run of each): the machine's speed drifts by a third over
+    minutes, and a pair shares its phase, where latencies pooled over runs mostly say which mode met the slow
+    phases. A level reports their median and, from 6 runs, the median's 95% interval (`median_interval`)."""
     from specdec.serving.loadtest import percentile
 
     def value(run):
@@ -88,13 +90,31 @@ def paired(mode: str, runs: dict[str, list[dict]], measure: str = "throughput") 
             return sum(d["tokens"] for d in run["done"]) / run["seconds"]
         return percentile([g for d in run["done"] for g in d["gaps"]], 0.99) or float("nan")
 
-    return {other: statistics.median(value(a) / value(b) for a, b in zip(runs[mode], theirs))
+    return {other: [value(a) / value(b) if value(b) else float("nan") for a, b in zip(runs[mode], theirs)]
             for other, theirs in runs.items() if other != mode}
 
 
-def requests_at(requests: int | None, concurrency: int) -> int:
-    """Requests at a level: --requests, or by default 4 waves of the concurrency (at least 16)."""
-    return requests or max(16, 4 * concurrency)
+def compared(ratios: dict[str, list[float]]) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """Paired ratios per other mode -> their medians, and the intervals of those medians (where there are any).
+    The median of an even count is the geometric mean of the middle two, so a ratio read the other way round is
+    its reciprocal (auto 1.05x never <-> never 0.95x auto)."""
+    import math
+
+    from specdec.serving.loadtest import median_interval
+
+    def median(r):
+        s = sorted(r)
+        return s[len(s) // 2] if len(s) % 2 else math.sqrt(s[len(s) // 2 - 1] * s[len(s) // 2])
+
+    intervals = {m: median_interval(r) for m, r in ratios.items()}
+    return ({m: median(r) for m, r in ratios.items()},
+            {m: i for m, i in intervals.items() if i is not None})
+
+
+def requests_at(requests: int | None, concurrency: int, waves: int = 4) -> int:
+    """Requests at a level: --requests, or `waves` times the concurrency and at least 4 x `waves` (4: 16 up to 4
+    clients, 64 at 16; 2: 8 up to 4 clients, 32 at 16)."""
+    return requests or waves * max(concurrency, 4)
 
 
 def free_port() -> int:
@@ -134,8 +154,9 @@ def run(args) -> int:
     from specdec.errors import SpecdecError
     from specdec.serving.loadtest import check_loopback, markdown, plot, pooled, run_level
 
-    if (args.requests is not None and args.requests < 1) or args.max_tokens < 1 or args.repeat < 1 or not args.timeout > 0:
-        raise SpecdecError("--requests, --max-tokens, --repeat and --timeout must be positive")
+    if ((args.requests is not None and args.requests < 1) or args.waves < 1 or args.max_tokens < 1 or args.repeat < 1
+            or not args.timeout > 0):
+        raise SpecdecError("--requests, --waves, --max-tokens, --repeat and --timeout must be positive")
     if (args.url is None) == (args.serve is None):
         raise SpecdecError("give either --url (a running server) or --serve MODES (servers started here)")
     prompts = [p.turns[0] for p in load_prompts(args.prompts)]
@@ -159,13 +180,15 @@ def run(args) -> int:
             runs: dict[str, list[dict]] = {mode: [] for mode, _, _ in servers}
             for r in range(args.repeat):  # modes interleaved at every level, none always first
                 for mode, _, url in servers[r % len(servers):] + servers[:r % len(servers)]:
-                    lv = asyncio.run(run_level(url, args.model, prompts, c, requests_at(args.requests, c),
+                    lv = asyncio.run(run_level(url, args.model, prompts, c, requests_at(args.requests, c, args.waves),
                                                args.max_tokens, args.timeout, args.api_key))
                     runs[mode] += lv["raw"]
                     print(f"{mode} c={c}: {lv['throughput']:.2f} tokens/s, {lv['errors']} errors", file=sys.stderr)
             for mode, mine in runs.items():
-                levels.append(dict(pooled(c, mine), mode=mode, paired=paired(mode, runs),
-                                   paired_itl_p99=paired(mode, runs, "itl_p99")))
+                rates, rates_in = compared(paired(mode, runs))
+                tails, tails_in = compared(paired(mode, runs, "itl_p99"))
+                levels.append(dict(pooled(c, mine), mode=mode, paired=rates, paired_interval=rates_in,
+                                   paired_itl_p99=tails, paired_itl_p99_interval=tails_in))
     finally:
         for _, proc, _ in servers:
             if proc is not None:
@@ -176,7 +199,8 @@ def run(args) -> int:
                     proc.kill()
     for lv in levels:
         del lv["raw"]
-    per_level = f"{args.requests} requests" if args.requests else "4 x concurrency requests (at least 16)"
+    per_level = (f"{args.requests} requests" if args.requests
+                 else f"{args.waves} x concurrency requests (at least {4 * args.waves})")
     title = (f"Load test: {args.model}, {args.prompts}, {per_level} per level"
              + (f" x {args.repeat} runs (median)" if args.repeat > 1 else "") + f", max_tokens {args.max_tokens}"
              + (f", drafter {args.method}" if args.serve else ""))

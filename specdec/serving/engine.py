@@ -150,7 +150,7 @@ class Engine:
         self.prefill_stall = prefill_stall
         self.cut_anywhere = model.row_exact and attention.available()  # prompts cut anywhere, same bits
         self.overhead = 0.0  # a step's time beyond its forward, in one-position forwards (running average)
-        self.picker = scheduler.ModePicker() if speculation == "auto" and budget is None else None
+        self.picker = scheduler.ModePicker(line=self.line) if speculation == "auto" and budget is None else None
         self.arm = "model"  # the picker's arm for the current step
         self.metrics = metrics or Metrics()
         self.waiting: deque[Job] = deque()

@@ -6,7 +6,8 @@ requests with at most C in flight, each timed from the client's side.
 
 Throughput is completion tokens (the server's `usage`) over the level's wall time (`pooled`: the median of
 repeated runs; `specdec loadtest --repeat` also gives each mode's paired ratio to the others, runs made one
-after the other compared, since the machine's speed drifts, for throughput and for p99 ITL). Time to first token
+after the other compared, since the machine's speed drifts, for throughput and for p99 ITL, with the median's
+95% interval from 6 runs: `median_interval`). Time to first token
 (TTFT): request sent to the first non-empty text. Inter-token latency (ITL): the gaps between a
 response's successive text chunks, all responses of the level pooled (a speculative round that commits
 three tokens arrives as one chunk, so its gap is what a reader waits). A request that fails, or is still
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import statistics
 import time
 from urllib.parse import urlparse
@@ -45,6 +47,21 @@ def percentile(xs: list[float], q: float) -> float | None:
         return None
     s = sorted(xs)
     return s[min(len(s) - 1, max(0, round(q * len(s) + 0.5) - 1))]
+
+
+def median_interval(xs: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free interval for the median of `xs` (paired ratios of runs): the l-th smallest and the l-th
+    largest, l the largest rank whose interval covers the median with at least `confidence` (each run falls
+    above or below it at even odds, so the count below is Binomial(n, 1/2)). None with too few runs (at 95%:
+    fewer than 6; 6 runs give their smallest and largest, 97%). Example: 15 runs: the 4th smallest to the 4th
+    largest (96.5%); 20 runs: the 6th to the 15th (95.9%)."""
+    n, s, below, l = len(xs), sorted(xs), 0.0, 0
+    while True:  # below: P(fewer than l + 1 runs under the median)
+        below += math.comb(n, l) / 2 ** n
+        if 1 - 2 * below < confidence or l + 1 > n - l:
+            break
+        l += 1
+    return (s[l - 1], s[n - l]) if l else None
 
 
 async def one_request(client: httpx.AsyncClient, url: str, body: dict, headers: dict) -> dict:
@@ -150,17 +167,27 @@ async def server_counters(url: str) -> tuple[dict[str, float], dict[str, dict[st
     return totals, ratios
 
 
+def ratio(r: float, mode: str, interval: tuple[float, float] | None = None) -> str:
+    """A paired ratio for the table: "1.06× never (1.03–1.09)", in bold when its interval leaves out 1 (a
+    difference this machine told apart)."""
+    if interval is None:
+        return f"{r:.2f}× {mode}"
+    text = f"{r:.2f}× {mode} ({interval[0]:.2f}–{interval[1]:.2f})"
+    return f"**{text}**" if interval[0] > 1 or interval[1] < 1 else text
+
+
 def markdown(levels: list[dict], title: str) -> str:
     ms = lambda x: "–" if x is None else f"{1000 * x:.0f}"  # noqa: E731
     rows = [f"## {title}", "",
             "| mode | concurrency | completed | errors | tokens/s | TTFT p50 ms | ITL p50 ms | ITL p99 ms "
-            "| × the other modes (paired) | ITL p99 × the others (paired) | drafted per step | α | steps past budget "
+            "| × the other modes (paired; 95% interval, bold: 1 outside it) | ITL p99 × the others (paired) | drafted per step | α | steps past budget "
             "| auto's arms (model/never/always) | auto's own measure at this B |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---|---|"]
     for lv in levels:
         sv, steps = lv["server"], max(lv["server"]["steps"], 1)
         alpha = "–" if lv["alpha"] is None else f"{lv['alpha']:.2f}"
-        versus, tails = (", ".join(f"{r:.2f}× {m}" for m, r in lv.get(key, {}).items()) or "–"
+        versus, tails = (", ".join(ratio(r, m, lv.get(f"{key}_interval", {}).get(m))
+                                   for m, r in lv.get(key, {}).items()) or "–"
                          for key in ("paired", "paired_itl_p99"))
         arm_steps = [sv.get(f"arm_{a}", 0) for a in ARMS]
         arms = "/".join(f"{100 * n / sum(arm_steps):.0f}" for n in arm_steps) + "%" if sum(arm_steps) else "–"
@@ -176,24 +203,41 @@ def markdown(levels: list[dict], title: str) -> str:
 
 
 def plot(levels: list[dict], path, title: str) -> str:
-    """Throughput and p99 inter-token latency against concurrency, one line per speculation mode."""
+    """Throughput and p99 inter-token latency against concurrency, one line per speculation mode; with an auto
+    server beside others, a third panel: auto's paired ratios to each of them, with their 95% intervals."""
     from specdec.plots import _figure, _save
 
-    fig = _figure(10, 4.2)
-    ax_t, ax_l = fig.subplots(1, 2)
+    autos = [lv for lv in levels if lv.get("mode") == "auto" and lv.get("paired")]
+    fig = _figure(15 if autos else 10, 4.2)
+    axes = fig.subplots(1, 3 if autos else 2)
+    ax_t, ax_l = axes[:2]
     for mode in dict.fromkeys(lv.get("mode", "-") for lv in levels):
         mine = [lv for lv in levels if lv.get("mode", "-") == mode]
         xs = [lv["concurrency"] for lv in mine]
         ax_t.plot(xs, [lv["throughput"] for lv in mine], marker="o", label=mode)
         ax_l.plot(xs, [1000 * (lv["itl_p99"] or float("nan")) for lv in mine], marker="o", label=mode)
     ticks = sorted({lv["concurrency"] for lv in levels})
-    for ax, what in ((ax_t, "throughput (tokens/s)"), (ax_l, "p99 inter-token latency (ms)")):
+    panels = [(ax_t, "throughput (tokens/s)", "speculation"), (ax_l, "p99 inter-token latency (ms)", "speculation")]
+    if autos:
+        ax_r = axes[2]
+        for i, other in enumerate(dict.fromkeys(m for lv in autos for m in lv["paired"])):
+            for key, style, what in (("paired", "o-", "tokens/s"), ("paired_itl_p99", "s--", "p99 ITL")):
+                mine = [lv for lv in autos if other in lv[key]]
+                xs = [lv["concurrency"] * 1.06 ** (2 * i + (key != "paired")) for lv in mine]  # side by side
+                ys = [lv[key][other] for lv in mine]
+                span = [lv.get(f"{key}_interval", {}).get(other, (y, y)) for lv, y in zip(mine, ys)]
+                ax_r.errorbar(xs, ys, yerr=[[y - lo for y, (lo, _) in zip(ys, span)],
+                                            [hi - y for y, (_, hi) in zip(ys, span)]],
+                              fmt=style, color=f"C{i + 2}", capsize=3, label=f"{what} × {other}")
+        ax_r.axhline(1.0, color="black", linewidth=0.8)
+        panels.append((ax_r, "auto ÷ the other mode (paired, 95% interval)", None))
+    for ax, what, legend in panels:
         ax.set_xscale("log", base=2)
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.minorticks_off()
         ax.set_xlabel("concurrent streaming clients")
         ax.set_ylabel(what)
         ax.grid(alpha=0.3)
-        ax.legend(title="speculation")
+        ax.legend(title=legend, fontsize=8)
     fig.suptitle(title, fontsize=10)
     return _save(fig, path)

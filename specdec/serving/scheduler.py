@@ -40,8 +40,9 @@ Modes: auto (the above), always (every ask granted: speculation ignoring the loa
 **Measured, not only modelled** (`ModePicker`, auto with a cost curve). The curve is a single request's
 forward; a packed step over B requests also pays per request (attention over each cache, verification,
 streaming), so the model can misjudge where speculation stops paying. So auto keeps, per batch size (in buckets
-1, 2, 3-4, 5-8, ...), a current arm among three: the model's grants ("model", the start), none ("never") and
-every ask ("always"). One step in `explore` runs another arm, and its tokens against the tokens the current arm
+1, 2, 3-4, 5-8, ...), a current arm among three: the model's grants ("model"), none ("never") and every ask
+("always"). A bucket starts on the model's grants, or on never where its batches fill the budget line the curve
+implies (`ModePicker`'s `line`). One step in `explore` runs another arm, and its tokens against the tokens the current arm
 makes in the same time (its running rate over the steps just before) are one sample of their ratio: paired in time,
 so the machine's own drift (its speed moves by a third over minutes) cancels out. An arm takes over when its
 samples say it is faster by more than `margin` with two standard errors to spare; a step's tokens are random (how
@@ -153,6 +154,15 @@ class ModePicker:
     (module docstring). `window`: the samples an arm is judged on (at least `least`); `weight`: the current
     arm's running rate, the reference each sample is taken against.
 
+    `line`: the budget line the cost curve implies (`line_of`), the lesson's prior. A step over B requests
+    already verifies B positions, so from B = line on every drafted position is past it and speculation costs
+    more than it pays by the lesson's arithmetic: a bucket whose smallest batch reaches the line starts on never
+    and explores the model's grants, which take over only with a proof. Example: line 3 (SmolLM2 q4 on a 2-core
+    Xeon): 1 and 2 requests start on the model's grants, 3-4 and beyond on never. Measured there (session 23,
+    HTTP, 15 paired runs): at 3-4 requests the model's grants made 0.88x never's tokens/s, and starting on them
+    left auto 0.95x never (0.90-1.01) with 44% of its steps on them. Bucket 1 always starts on the model's grants
+    (one request's k is priced by its own curve).
+
     A proof carries over between buckets the one way the lesson's budget allows: speculation that loses at
     B requests loses at more (the idle room only shrinks), and speculation that pays at B pays at fewer. So
     when never takes over bucket b, every larger bucket still on the model's grants (and every one seen
@@ -171,14 +181,17 @@ class ModePicker:
     32, then one in 64; a challenger then needs about 1536 steps for its 12 samples."""
 
     def __init__(self, explore: int = 8, margin: float = 0.02, window: int = 64, least: int = 12,
-                 weight: float = 0.1, z: float = 2.0):
+                 weight: float = 0.1, z: float = 2.0, line: int | None = None):
         self.explore, self.margin, self.window, self.least, self.weight, self.z = explore, margin, window, least, weight, z
         self.current: dict[int, str] = {}                      # bucket -> the arm that runs
         self.reference: dict[int, list[float]] = {}            # bucket -> the current arm's [tokens, seconds] (running)
         self.samples: dict[tuple[int, str], deque[tuple[float, float]]] = {}  # (bucket, other arm) -> (its tokens,
         #                                           the current arm's tokens in the same time) per step
         self.steps: dict[int, int] = {}
-        self.never_above: int | None = None  # buckets larger than this start on never (a proof at this one)
+        self.never_above: int | None = None  # buckets larger than this start on never (a proof at this one, or the
+        #                                      budget line: see `line`)
+        if line is not None:  # buckets whose every batch fills the line start on never (bucket 1 on the model)
+            self.never_above = max([1] + [b for b in (1 << i for i in range(12)) if b // 2 + 1 < line])
         self.every: dict[int, int] = {}     # bucket -> one step in this many explores (explore .. 8 * explore)
         self.unproven: dict[int, int] = {}  # bucket -> samples taken since its last switch or slowdown
         self.settled: dict[tuple[int, str], tuple[float, int]] = {}  # (bucket, arm) -> its last full window's estimate
