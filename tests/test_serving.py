@@ -695,7 +695,8 @@ def test_mode_picker_starts_on_never_where_the_batch_fills_the_budget_line(tiny)
     assert ModePicker().choose(40) == "model"  # no line: every bucket starts on the model's grants
     paying = {"model": 150.0, "never": 100.0, "always": 140.0}
     picks = picked(ModePicker(explore=8, margin=0.02, line=3), 4, 3000, paying, rng)
-    assert set(picks[:7]) == {"never"} and picks[7::8][:4] == ["model"] * 4  # explores the model's grants only
+    # explores the model's grants only, one step in 64 (the settled rate) until they prove themselves
+    assert set(picks[:63]) == {"never"} and picks[63::64][:4] == ["model"] * 4
     assert picks[-100:].count("model") > 80  # and they prove themselves
     model, tok = tiny
     engine = Engine(model, tok, cost=CostCurve({1: 1.0, 2: 1.05, 3: 1.1, 4: 1.3, 8: 2.0}), speculation="auto")

@@ -37,29 +37,27 @@ depends on what is known about the step's cost:
 
 Modes: auto (the above), always (every ask granted: speculation ignoring the load), never (k = 0).
 
-**Measured, not only modelled** (`ModePicker`, auto with a cost curve). The curve is a single request's
-forward; a packed step over B requests also pays per request (attention over each cache, verification,
-streaming), so the model can misjudge where speculation stops paying. So auto keeps, per batch size (in buckets
-1, 2, 3-4, 5-8, ...), a current arm among three: the model's grants ("model"), none ("never") and every ask
-("always"). A bucket starts on the model's grants, or on never where its batches fill the budget line the curve
-implies (`ModePicker`'s `line`). One step in `explore` runs another arm, and its tokens against the tokens the current arm
-makes in the same time (its running rate over the steps just before) are one sample of their ratio: paired in time,
-so the machine's own drift (its speed moves by a third over minutes) cancels out. An arm takes over when its
-samples say it is faster by more than `margin` with two standard errors to spare; a step's tokens are random (how
-much of its drafts the target accepts), so a small or unproven difference never flaps the choice. A tie goes to
-never: it takes over from an arm that speculates once its samples say it is slower by no more than `margin` (two
-standard errors to spare), since at equal throughput its steps are shorter and so is the tail of the inter-token
-latency (SmolLM2 q4 on a 2-core Xeon, session 20: at 8 and 16 clients auto stayed on the model's grants at 0.98 and
-0.97x never's throughput with 1.19 and 1.29x its p99 inter-token latency). Going back takes a proof of more than
-`margin` the other way, so the two rules cannot flap.
-Example: at B = 8 the model's grants make 290 tok/s and never 320: a never step makes 8 tokens in 25 ms, where
-the model's grants make 7.25; it beats them by 1.02 if 8 - 1.02 x 7.25 = 0.61 > 0 on average. With per-step
-noise of 15% (sd 1.1 tokens), 16 samples (256 steps) put two standard errors at 0.55: never takes over. At B = 1
-always's tie with the model, or never's deficit, moves nothing.
-A proof carries over to the buckets the budget argument covers (`ModePicker`): never proven at 5-8 requests
-starts 9-16 and beyond on never. Measured (session 14, SmolLM2, 16 clients, BENCHMARKS.md): auto ran never on
-85% of its steps with the proof carried from 8 clients, 60% with each bucket proving on its own.
-"""
+**Measured, not only modelled** (`ModePicker`, auto with a cost curve). The curve is a single request's forward; a
+packed step over B requests also pays per request (attention over each cache, verification, streaming), so the model
+can misjudge where speculation stops paying. So auto keeps, per batch size (in buckets 1, 2, 3-4, 5-8, ...), a
+current arm among three: the model's grants ("model"), none ("never") and every ask ("always"). A bucket starts on
+the model's grants, or on never where its batches fill the budget line the curve implies (`ModePicker`'s `line`).
+One step in `explore` runs another arm, and its tokens against the tokens the current arm makes in the same time
+(its running rate over the steps just before) are one sample of their ratio: paired in time, so the machine's own
+drift (its speed moves by a third over minutes) cancels out. An arm takes over when its samples say it is faster by
+more than `margin` with two standard errors to spare; a step's tokens are random (how much of its drafts the target
+accepts), so a small or unproven difference never flaps the choice. A tie goes to never: it takes over from an arm
+that speculates once its samples say it is slower by no more than `margin` (two standard errors to spare), since at
+equal throughput its steps are shorter and so is the tail of the inter-token latency (SmolLM2 q4 on a 2-core Xeon,
+session 20: at 8 and 16 clients auto stayed on the model's grants at 0.98 and 0.97x never's throughput with 1.19 and
+1.29x its p99 inter-token latency). Going back takes a proof of more than `margin` the other way, so the two rules
+cannot flap. Example: at B = 8 the model's grants make 290 tok/s and never 320: a never step makes 8 tokens in 25
+ms, where the model's grants make 7.25; it beats them by 1.02 if 8 - 1.02 x 7.25 = 0.61 > 0 on average. With
+per-step noise of 15% (sd 1.1 tokens), 16 samples (256 steps) put two standard errors at 0.55: never takes over. At
+B = 1 always's tie with the model, or never's deficit, moves nothing. A proof carries over to the buckets the budget
+argument covers (`ModePicker`): never proven at 5-8 requests starts 9-16 and beyond on never. Measured (session 14,
+SmolLM2, 16 clients, BENCHMARKS.md): auto ran never on 85% of its steps with the proof carried from 8 clients, 60%
+with each bucket proving on its own."""
 
 from __future__ import annotations
 
@@ -154,31 +152,33 @@ class ModePicker:
     (module docstring). `window`: the samples an arm is judged on (at least `least`); `weight`: the current
     arm's running rate, the reference each sample is taken against.
 
-    `line`: the budget line the cost curve implies (`line_of`), the lesson's prior. A step over B requests
-    already verifies B positions, so from B = line on every drafted position is past it and speculation costs
-    more than it pays by the lesson's arithmetic: a bucket whose smallest batch reaches the line starts on never
-    and explores the model's grants, which take over only with a proof. Example: line 3 (SmolLM2 q4 on a 2-core
-    Xeon): 1 and 2 requests start on the model's grants, 3-4 and beyond on never. Measured there (session 23,
-    HTTP, 15 paired runs): at 3-4 requests the model's grants made 0.88x never's tokens/s, and starting on them
-    left auto 0.95x never (0.90-1.01) with 44% of its steps on them. Bucket 1 always starts on the model's grants
-    (one request's k is priced by its own curve).
+    `line`: the budget line the cost curve implies (`line_of`), the lesson's prior. A step over B requests already
+    verifies B positions, so from B = line on every drafted position is past it and speculation costs more than it
+    pays by the lesson's arithmetic: a bucket whose smallest batch reaches the line starts on never and explores the
+    model's grants at the settled rate (one step in 8 x explore: there a speculating step sets the tail of the
+    inter-token latency), which take over only with a proof. Example: line 3 (SmolLM2 q4 on a 2-core Xeon): 1 and 2
+    requests start on the model's grants, 3-4 and beyond on never. Measured there (session 23, HTTP, 15 paired
+    runs): at 3-4 requests the model's grants made 0.88x never's tokens/s, and starting on them left auto 0.95x
+    never (0.90-1.01) with 44% of its steps on them. Bucket 1 always starts on the model's grants (one request's k
+    is priced by its own curve).
 
-    A proof carries over between buckets the one way the lesson's budget allows: speculation that loses at
-    B requests loses at more (the idle room only shrinks), and speculation that pays at B pays at fewer. So
-    when never takes over bucket b, every larger bucket still on the model's grants (and every one seen
-    later) starts on never too; when an arm that speculates takes over from never at b, the smaller buckets on
-    never go back to the model. A large bucket is rare (a server is full only sometimes), and its own proof
-    could take thousands of steps. Each bucket still explores, and its own evidence can switch it back.
+    A proof carries over between buckets the one way the lesson's budget allows: speculation that loses at B
+    requests loses at more (the idle room only shrinks), and speculation that pays at B pays at fewer. So when never
+    takes over bucket b, every larger bucket still on the model's grants switches to never, and every one seen later
+    starts on it (exploring at the settled rate, as above); when an arm that speculates takes over from never at b,
+    the smaller buckets on never go back to the model. A large bucket is rare (a server is full only sometimes), and
+    its own proof could take thousands of steps. Each bucket still explores, and its own evidence can switch it
+    back.
 
     Exploring costs: a step on a losing arm is a slower step, and one in eight of them sets the tail of the
-    inter-token latency. So a bucket explores only the arms next to its own in how much they speculate
-    (`EXPLORES`: never tries the model's grants, always tries them too, the model's grants try both): a server
-    that grants none at 16 requests never pays for a step that grants every ask (twice a plain step there,
-    session 20), and an arm further off is reached through the one between. Once the explored arms have filled
-    a `window` of samples each without proving themselves, a bucket explores half as often (with fresh
-    samples), down to one step in `8 * explore`; a switch brings it back to one in `explore`. Example: explore
-    8, window 64, on the model's grants: after 1024 steps of a settled choice one in 16, after 2048 more one in
-    32, then one in 64; a challenger then needs about 1536 steps for its 12 samples."""
+    inter-token latency. So a bucket explores only the arms next to its own in how much they speculate (`EXPLORES`:
+    never tries the model's grants, always tries them too, the model's grants try both): a server that grants none
+    at 16 requests never pays for a step that grants every ask (twice a plain step there, session 20), and an arm
+    further off is reached through the one between. Once the explored arms have filled a `window` of samples each
+    without proving themselves, a bucket explores half as often (with fresh samples), down to one step in `8 *
+    explore` (where a bucket that starts on never starts); a switch brings it back to one in `explore`. Example:
+    explore 8, window 64, on the model's grants: after 1024 steps of a settled choice one in 16, after 2048 more one
+    in 32, then one in 64; a challenger then needs about 1536 steps for its 12 samples."""
 
     def __init__(self, explore: int = 8, margin: float = 0.02, window: int = 64, least: int = 12,
                  weight: float = 0.1, z: float = 2.0, line: int | None = None):
@@ -212,8 +212,7 @@ class ModePicker:
         `explore` (once the current arm has a reference) its neighbours (`EXPLORES`) in turn."""
         b = self.bucket(batch)
         step = self.steps[b] = self.steps.get(b, 0) + 1
-        current = self.current.setdefault(b, self._start(b))
-        every = self.every.get(b, self.explore)
+        current, every = self._current(b), self.every.get(b, self.explore)
         if step % every or b not in self.reference:
             return current
         others = EXPLORES[current]
@@ -222,7 +221,7 @@ class ModePicker:
     def record(self, batch: int, arm: str, tokens: int, seconds: float) -> None:
         """A finished step's committed tokens and time (steps that also prefilled are the caller's to leave out)."""
         b = self.bucket(batch)
-        current = self.current.setdefault(b, self._start(b))
+        current = self._current(b)
         if arm == current:
             ref = self.reference.get(b)
             if ref is None:
@@ -295,6 +294,15 @@ class ModePicker:
 
     def _start(self, b: int) -> str:
         return "never" if self.never_above is not None and b > self.never_above else "model"
+
+    def _current(self, b: int) -> str:
+        """Bucket b's arm, started on first sight (`_start`); a start on never is already a judgement (the
+        budget line, or a proof at fewer requests), so it explores at the settled rate, one step in 8 x explore."""
+        if b not in self.current:
+            self.current[b] = self._start(b)
+            if self.current[b] == "never":
+                self.every[b] = 8 * self.explore
+        return self.current[b]
 
     def _switch(self, b: int, arm: str) -> None:
         """Bucket b runs `arm` from now; the comparison starts again against it."""
