@@ -172,14 +172,19 @@ static void permute_x(const float *x, float *xp, int64_t n, int64_t in) {
  * accumulator: every lane is one y[i, o], and no horizontal sums are needed (the previous layout, one weight
  * row per 64-byte load, summed 16 lanes per output at the end of every tile: at in = 576 that epilogue cost a
  * third of the tile's time). A register tile covers 3 groups of 16 outputs x up to 8 rows (24 accumulators,
- * 3 weight registers, 1 broadcast; in L1 it runs at the core's `vdpbf16ps` peak, 113 of 114 GMAC/s); a chunk's
- * rows go through in passes of 8, later passes finding the tile's weights in cache. Units of 9 groups (3 tiles)
- * are handed out to the threads; for n > 1 the passes over a tile prefetch the unit's next tile into L2, pass
- * p of P the pairs p, p + P, .. (one pass alone left the memory idle while the later passes computed).
+ * 3 weight registers, 1 broadcast), or one group x 9 to 16 rows (16 accumulators), so a chunk of up to 16 rows
+ * takes each weight from memory once, in one pass; in L1 every tile shape runs at the core's `vdpbf16ps` peak
+ * (112-118 of 114 GMAC/s nominal). Chunks past the first find the tile's weights in L2. A tile of 8 rows or more
+ * prefetches its weights 4 KB ahead; units of one tile (of three at n <= 4, where the weights' stream sets the
+ * time) go to the threads in runs of consecutive units.
  * Measured on a 2-core Zen 4 (family 25 model 17), 2 threads, weights from memory, against the previous layout
  * (benchmarks/kernel/kernel_ab.py, medians of interleaved sweeps; benchmarks/s17/ab-*.txt): SmolLM2-135M's
  * shapes n = 1 / 4 / 8 / 16 / 64 0.69 / 0.65 / 0.61 / 0.78 / 0.81 of its time, Qwen2.5-Coder-1.5B's n = 1 / 4 /
- * 8 / 16 0.85 / 0.76 / 0.69 / 0.71 (its n = 8 now 1.19 of n = 1, was 1.46).
+ * 8 / 16 0.85 / 0.76 / 0.69 / 0.71 (its n = 8 now 1.19 of n = 1, was 1.46). Session 25 (same CPU class), the
+ * one-pass 16-row tile, the prefetch ahead and units of one tile against session 17's passes of 8 rows (which
+ * prefetched the next tile), whole forwards at context 256 (benchmarks/kernel/step_ab.py, runs in benchmarks/s25/):
+ * SmolLM2 n = 1 / 8 / 16 0.97-1.00 / 0.95-1.00 / 0.91-0.98 of the time, the 1.5B 1.00-1.02 / 0.89-0.94 / 0.86-0.87;
+ * the matmuls alone, the 1.5B n = 16 0.75-0.82, SmolLM2's prefill (n = 64) 0.89-0.91.
  * Order per y[i, o], whatever n, row, tile, pass or thread:
  *   acc = 0;
  *   for each pair of inputs p = 0, 1, .., ceil(in / 2) - 1, in order (an odd in's last pair zero-padded):
@@ -187,10 +192,9 @@ static void permute_x(const float *x, float *xp, int64_t n, int64_t in) {
  *   y = acc + bias (if any). */
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define GROUPS512 3 /* groups of 16 outputs per register tile */
-#define ROWS512 8   /* rows per pass */
+#define ROWS512 8   /* rows at most for a tile of GROUPS512 groups */
 #define CHUNK512 16 /* rows of x per chunk (one pair-packed block) */
-#define UNIT512 (9 * 16) /* outputs per unit of work handed to a thread */
-#define PF512_MAX (256 << 10) /* bytes: the largest tile prefetched */
+#define PF512 64 /* pairs: how far ahead of its loads a tile prefetches its weights (4 KB per group) */
 
 /* x [n, in] fp32 -> bf16, round to nearest even per element. */
 T512 static void round_x(const float *x, uint16_t *xb, int64_t count) {
@@ -203,70 +207,75 @@ T512 static void round_x(const float *x, uint16_t *xb, int64_t count) {
     }
 }
 
-/* O groups x R rows over all pairs: Wp at the first group, xq at the pass's first row of a chunk of m rows,
- * y at its first output of its first row. */
+/* O groups x R rows over all pairs: Wp at the first group, xq at the first row of a chunk of R rows, y at its
+ * first output of its first row. With pf the tile prefetches its weights PF512 pairs ahead of its loads into L2. */
 T512 static inline __attribute__((always_inline)) void tile512(const uint16_t *restrict Wp, const int32_t *restrict xq,
-                                                               int64_t m, float *restrict y, const float *restrict bias,
+                                                               float *restrict y, const float *restrict bias,
                                                                int64_t pairs, int64_t ldy, const int O, const int R,
-                                                               const uint16_t *pf, int npf, int pass, int passes) {
-    __m512 acc[GROUPS512][ROWS512];
+                                                               const int pf) {
+    __m512 acc[GROUPS512 * ROWS512]; /* y[r, a] in acc[a * R + r]: O * R <= 24 */
     for (int a = 0; a < O; a++)
-        for (int r = 0; r < R; r++) acc[a][r] = _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) acc[a * R + r] = _mm512_setzero_ps();
     const int64_t gs = pairs * 32; /* uint16 per group */
-    for (int64_t p = 0; p < pairs; p++, Wp += 32, xq += m) {
+    for (int64_t p = 0; p < pairs; p++, Wp += 32, xq += R) {
         __m512bh w[GROUPS512];
         for (int a = 0; a < O; a++) w[a] = (__m512bh)_mm512_loadu_si512((const void *)(Wp + a * gs));
-        if (npf && p % passes == pass)
-            for (int a = 0; a < npf; a++) _mm_prefetch((const char *)(pf + a * gs + 32 * p), _MM_HINT_T1);
+        if (pf) /* past a group's end this reaches the next group's start, the next to be streamed */
+            for (int a = 0; a < O; a++) _mm_prefetch((const char *)(Wp + a * gs + 32 * PF512), _MM_HINT_T1);
+#pragma GCC unroll 16
         for (int r = 0; r < R; r++) {
             const __m512bh b = (__m512bh)_mm512_set1_epi32(xq[r]);
-            for (int a = 0; a < O; a++) acc[a][r] = _mm512_dpbf16_ps(acc[a][r], w[a], b);
+#pragma GCC unroll 3
+            for (int a = 0; a < O; a++) acc[a * R + r] = _mm512_dpbf16_ps(acc[a * R + r], w[a], b);
         }
     }
     for (int a = 0; a < O; a++)
         for (int r = 0; r < R; r++) {
-            __m512 v = acc[a][r];
+            __m512 v = acc[a * R + r];
             if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + 16 * a));
             _mm512_storeu_ps(y + r * ldy + 16 * a, v);
         }
 }
 
-/* One tile call with O and R as compile-time constants. */
-T512 static void tile512_call(int O, int R, const uint16_t *Wp, const int32_t *xq, int64_t m, float *y,
-                              const float *bias, int64_t pairs, int64_t ldy, const uint16_t *pf, int pass,
-                              int passes) {
+/* One tile call with O, R and pf as compile-time constants: O = 1 to 3 groups of up to 8 rows, or one group of 9
+ * to 16 rows (16 accumulators: each weight load serves 16 rows, so one pass streams the weights once). */
+T512 static void tile512_call(int O, int R, int pf, const uint16_t *Wp, const int32_t *xq, float *y, const float *bias,
+                              int64_t pairs, int64_t ldy) {
 #define T(o, r)                                                                                      \
     if (O == o && R == r) {                                                                          \
-        if (pf) tile512(Wp, xq, m, y, bias, pairs, ldy, o, r, pf, GROUPS512, pass, passes);           \
-        else tile512(Wp, xq, m, y, bias, pairs, ldy, o, r, 0, 0, 0, 1); /* no prefetching compiled in */ \
+        if (pf) tile512(Wp, xq, y, bias, pairs, ldy, o, r, 1);                                        \
+        else tile512(Wp, xq, y, bias, pairs, ldy, o, r, 0);                                           \
         return;                                                                                      \
     }
 #define TR(o) T(o, 1) T(o, 2) T(o, 3) T(o, 4) T(o, 5) T(o, 6) T(o, 7) T(o, 8)
     TR(1) TR(2) TR(3)
+    T(1, 9) T(1, 10) T(1, 11) T(1, 12) T(1, 13) T(1, 14) T(1, 15) T(1, 16)
 #undef TR
 #undef T
     abort(); /* a shape the driver never asks for */
 }
 
 /* Outputs [o0, o1) (o0 a multiple of 16) for all n rows; xq the pair-packed chunks of x; y [n, ldy], ldy the
- * outputs rounded up to 16 (the caller's buffer when out % 16 == 0, else a padded one). */
+ * outputs rounded up to 16 (the caller's buffer when out % 16 == 0, else a padded one). Per tile of GROUPS512
+ * groups, every chunk of rows in turn: a chunk of up to ROWS512 rows in one call over the tile, a larger one in
+ * one call per group; the first chunk streams the tile's weights, the later ones find them in L2. With 8 rows or
+ * more a tile's arithmetic paces its loads and it prefetches ahead (with fewer, the CPU's own prefetchers keep up,
+ * and the instructions cost: 0.91-0.98x the 1.5B's forward at 2 and 4 positions without them, the same at 8). */
 T512 static void run_block512(const uint16_t *Wp, const int32_t *xq, float *y, const float *bias, int64_t n,
-                              int64_t pairs, int64_t ldy, int64_t o0, int64_t o1, int64_t gn) {
+                              int64_t pairs, int64_t ldy, int64_t o0, int64_t o1) {
     const int64_t g0 = o0 / 16, g1 = (o1 + 15) / 16;
-    for (int64_t i0 = 0; i0 < n; i0 += CHUNK512) {
-        const int64_t m = n - i0 < CHUNK512 ? n - i0 : CHUNK512;
-        const int32_t *xc = xq + i0 * pairs;
-        for (int64_t g = g0; g < g1; g += GROUPS512) {
-            const int O = (int)(g1 - g < GROUPS512 ? g1 - g : GROUPS512);
-            /* for n > 1 the passes over this tile prefetch the next tile into L2, pass p of P the pairs p, p + P, .. */
-            const int passes = (int)((m + ROWS512 - 1) / ROWS512);
-            const uint16_t *pf = m > 1 && g + 2 * GROUPS512 <= gn && GROUPS512 * pairs * 64 <= PF512_MAX
-                                     ? Wp + (g + GROUPS512) * pairs * 32 : 0;
-            for (int64_t i = 0; i < m; i += ROWS512) {
-                const int R = (int)(m - i < ROWS512 ? m - i : ROWS512);
-                tile512_call(O, R, Wp + g * pairs * 32, xc + i, m, y + (i0 + i) * ldy + 16 * g,
-                             bias ? bias + 16 * g : 0, pairs, ldy, pf, (int)(i / ROWS512), passes);
-            }
+    for (int64_t g = g0; g < g1; g += GROUPS512) {
+        const int O = (int)(g1 - g < GROUPS512 ? g1 - g : GROUPS512);
+        for (int64_t i0 = 0; i0 < n; i0 += CHUNK512) {
+            const int R = (int)(n - i0 < CHUNK512 ? n - i0 : CHUNK512), pf = i0 == 0 && R >= ROWS512;
+            const int32_t *xc = xq + i0 * pairs;
+            if (R <= ROWS512)
+                tile512_call(O, R, pf, Wp + g * pairs * 32, xc, y + i0 * ldy + 16 * g, bias ? bias + 16 * g : 0, pairs,
+                             ldy);
+            else
+                for (int a = 0; a < O; a++)
+                    tile512_call(1, R, pf, Wp + (g + a) * pairs * 32, xc, y + i0 * ldy + 16 * (g + a),
+                                 bias ? bias + 16 * (g + a) : 0, pairs, ldy);
         }
     }
 }
@@ -341,7 +350,10 @@ int skinny_supported(int isa) {
  * copies padded to whole groups (a tile stores 16 lanes). Returns 0, or 2 when out of memory. */
 static int skinny512(const float *x, const uint16_t *Wp, const float *bias, float *y, int64_t n, int64_t in,
                      int64_t out, int threads) {
-    const int64_t pairs = (in + 1) / 2, ldy = (out + 15) / 16 * 16, units = (out + UNIT512 - 1) / UNIT512;
+    /* outputs per unit of work handed to a thread: a tile, or three when the weights' stream sets the time (n <= 4:
+     * a thread then streams adjacent weights for longer) */
+    const int64_t unit = (n <= 4 ? 3 : 1) * GROUPS512 * 16;
+    const int64_t pairs = (in + 1) / 2, ldy = (out + 15) / 16 * 16, units = (out + unit - 1) / unit;
     int32_t *xq = aligned_alloc(64, ((size_t)(n * pairs) * 4 + 63) & ~(size_t)63);
     float *yp = ldy == out ? y : malloc((size_t)(n * ldy) * sizeof(float)), *bp = 0;
     if (bias && ldy != out && (bp = calloc((size_t)ldy, sizeof(float)))) memcpy(bp, bias, (size_t)out * sizeof(float));
@@ -353,12 +365,14 @@ static int skinny512(const float *x, const uint16_t *Wp, const float *bias, floa
     pack_x512(x, xq, n, in);
     if (threads > units) threads = (int)units;
     if (threads <= 1) {
-        run_block512(Wp, xq, yp, b, n, pairs, ldy, 0, out, ldy / 16);
+        run_block512(Wp, xq, yp, b, n, pairs, ldy, 0, out);
     } else {
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+        /* runs of consecutive tiles, 8 a thread on average: a thread streams adjacent weights, and the last runs
+         * still even out the threads' finishing times */
+        const int run = units / (8 * threads) > 1 ? (int)(units / (8 * threads)) : 1;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, run)
         for (int64_t u = 0; u < units; u++)
-            run_block512(Wp, xq, yp, b, n, pairs, ldy, u * UNIT512, (u + 1) * UNIT512 < out ? (u + 1) * UNIT512 : out,
-                         ((u + 1) * UNIT512 < out ? (u + 1) * UNIT512 : ldy) / 16);
+            run_block512(Wp, xq, yp, b, n, pairs, ldy, u * unit, (u + 1) * unit < out ? (u + 1) * unit : out);
     }
     if (yp != y)
         for (int64_t i = 0; i < n; i++) memcpy(y + i * out, yp + i * ldy, (size_t)out * sizeof(float));
