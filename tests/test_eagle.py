@@ -315,6 +315,26 @@ def test_heads_for_another_target_are_refused(env, tmp_path, monkeypatch):
         build(llm)
 
 
+def test_a_target_converted_under_another_transformers_keeps_its_heads(env, tmp_path):
+    """The fingerprint ignores config.json's `transformers_version` (a conversion under a newer transformers wrote
+    another one, and the shipped SmolLM2 heads were refused for their own target), not the config's other fields."""
+    import json
+    import shutil
+
+    from specdec.training.heads import target_fingerprint
+
+    folder = shutil.copytree(env["folder"], tmp_path / "again")
+    config = json.loads((folder / "config.json").read_text())
+    config["transformers_version"] = "99.0.0"
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    assert fingerprint(folder) == fingerprint(env["folder"])
+    legacy = fingerprint(folder, legacy=True)  # heads trained before keep matching the folder they were trained on
+    assert legacy != fingerprint(env["folder"], legacy=True) and target_fingerprint(folder, legacy) == legacy
+    config["rms_norm_eps"] = 2 * config["rms_norm_eps"]
+    (folder / "config.json").write_text(json.dumps(config))
+    assert fingerprint(folder) != fingerprint(env["folder"])
+
+
 def test_export_then_import_drafts_the_same(env, tmp_path, monkeypatch, capsys):
     """`specdec export eagle` writes the vLLM/SGLang layout; `--heads` of that folder, with our "specdec" block
     or without it (as a published head), drafts exactly what the original head drafts; generate runs on it."""

@@ -241,7 +241,7 @@ def find_head(name: str, folder, target: ModelConfig, heads_dir: str | None = No
 
     found = store.find(name, KIND, heads_dir)
     head = EagleHead.load(found, target.num_layers)
-    head.cfg.check_target(target, name, store.fingerprint(folder))
+    head.cfg.check_target(target, name, store.target_fingerprint(folder, head.cfg.target_fingerprint))
     return head
 
 

@@ -29,12 +29,20 @@ FORMAT = 1
 SHIPPED = Path(__file__).resolve().parent.parent / "heads"
 
 
-def fingerprint(folder: str | Path) -> str:
+def fingerprint(folder: str | Path, legacy: bool = False) -> str:
+    """A target's identity for the heads trained on it: its config (less the transformers version that wrote it,
+    which changes when the model is converted again under a newer transformers) and a slice of each weights file.
+    legacy: the config's bytes as written, version included (heads trained before session 25 carry that one)."""
     folder = Path(folder)
     h = hashlib.sha256()
     config = folder / "config.json"
     if config.exists():
-        h.update(config.read_bytes())
+        if legacy:
+            h.update(config.read_bytes())
+        else:
+            fields = json.loads(config.read_text())
+            fields.pop("transformers_version", None)
+            h.update(json.dumps(fields, sort_keys=True).encode())
     for f in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.gguf")):
         size = f.stat().st_size
         h.update(f"{f.name}:{size}".encode())
@@ -42,6 +50,12 @@ def fingerprint(folder: str | Path) -> str:
             fh.seek(size // 2)
             h.update(fh.read(65536))
     return h.hexdigest()[:16]
+
+
+def target_fingerprint(folder: str | Path, claimed: str | None) -> str:
+    """The fingerprint to hold a head's `claimed` one against: the legacy one when that is what it claims."""
+    legacy = fingerprint(folder, legacy=True)
+    return legacy if claimed == legacy else fingerprint(folder)
 
 
 def _safe(model: str) -> str:
@@ -93,7 +107,7 @@ def load(folder: str | Path, kind: str, target_folder: str | Path, target_name: 
     if config.get("kind") != kind:
         raise SpecdecError(f"{folder} holds {config.get('kind')!r} heads, not {kind!r}")
     target = config.get("target", {})
-    if target.get("fingerprint") != fingerprint(target_folder):
+    if target.get("fingerprint") != target_fingerprint(target_folder, target.get("fingerprint")):
         raise SpecdecError(
             f"{folder}: these {kind} heads were trained for {target.get('name')!r} (fingerprint "
             f"{target.get('fingerprint')}), not for {target_name!r}: train heads for it with "
