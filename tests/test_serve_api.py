@@ -286,6 +286,23 @@ def test_median_interval_takes_the_binomial_ranks():
         assert cover(l) >= 0.95 > cover(l + 1)
 
 
+def test_the_table_counts_intervals_that_leave_out_one():
+    """Each pair of modes is one comparison per level and measure, whichever way round; the count is held against
+    the one in 20 that chance gives."""
+    from specdec.serving.loadtest import markdown, outside
+
+    def level(mode, c, paired):
+        return dict(mode=mode, concurrency=c, completed=1, requests=1, errors=0, throughput=1.0, ttft_p50=None,
+                    itl_p50=None, itl_p99=None, alpha=None, server=dict(steps=1, drafted=0, over_budget=0),
+                    paired={m: 1.0 for m in paired}, paired_interval=paired,
+                    paired_itl_p99={m: 1.0 for m in paired}, paired_itl_p99_interval=paired)
+
+    levels = [level("auto", 1, {"never": (1.02, 1.3)}), level("never", 1, {"auto": (0.77, 0.98)}),
+              level("auto", 2, {"never": (0.9, 1.1)}), level("never", 2, {"auto": (0.91, 1.11)})]
+    assert outside(levels) == "\n2 of 4 paired intervals leave out 1 (about 0.2 would by chance alone).\n"
+    assert markdown(levels, "t").endswith(outside(levels)) and outside([level("auto", 1, {})]) == ""
+
+
 def test_loadtest_starts_its_own_servers(tiny, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"turns": ["abcabc"]}) + "\n")

@@ -199,7 +199,21 @@ def markdown(levels: list[dict], title: str) -> str:
                     f"{lv['errors']} | {lv['throughput']:.2f} | {ms(lv['ttft_p50'])} | {ms(lv['itl_p50'])} | "
                     f"{ms(lv['itl_p99'])} | {versus} | {tails} | {sv['drafted'] / steps:.2f} | {alpha} | "
                     f"{sv['over_budget'] / steps:.0%} | {arms} | {measured} |")
-    return "\n".join(rows) + "\n"
+    return "\n".join(rows) + "\n" + outside(levels)
+
+
+def outside(levels: list[dict]) -> str:
+    """How many of the table's paired intervals leave out 1, against what chance gives: with no difference anywhere,
+    one 95% interval in 20 leaves out 1, so a lone bold cell in a large table is weak evidence. Each pair of modes
+    counts once per level and measure (a × b and b × a are one comparison). Example: 30 comparisons, 2 outside ->
+    "2 of 30 paired intervals leave out 1 (about 1.5 would by chance alone)." "" without intervals."""
+    pairs = {(lv["concurrency"], key, frozenset((lv.get("mode"), m))): i
+             for lv in levels for key in ("paired_interval", "paired_itl_p99_interval")
+             for m, i in lv.get(key, {}).items() if i is not None}
+    if not pairs:
+        return ""
+    out = sum(lo > 1 or hi < 1 for lo, hi in pairs.values())
+    return f"\n{out} of {len(pairs)} paired intervals leave out 1 (about {len(pairs) / 20:.1f} would by chance alone).\n"
 
 
 def plot(levels: list[dict], path, title: str) -> str:
