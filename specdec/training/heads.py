@@ -32,7 +32,7 @@ SHIPPED = Path(__file__).resolve().parent.parent / "heads"
 def fingerprint(folder: str | Path, legacy: bool = False) -> str:
     """A target's identity for the heads trained on it: its config (less the transformers version that wrote it,
     which changes when the model is converted again under a newer transformers) and a slice of each weights file.
-    legacy: the config's bytes as written, version included (heads trained before session 25 carry that one)."""
+    legacy: the config's bytes as written, version included (heads trained before session 26 carry that one)."""
     folder = Path(folder)
     h = hashlib.sha256()
     config = folder / "config.json"
