@@ -53,9 +53,13 @@ def fingerprint(folder: str | Path, legacy: bool = False) -> str:
 
 
 def target_fingerprint(folder: str | Path, claimed: str | None) -> str:
-    """The fingerprint to hold a head's `claimed` one against: the legacy one when that is what it claims."""
+    """The fingerprint to hold a head's `claimed` one against: the legacy one when that is what it claims (hashed
+    only when the current one does not match, so a current head reads the weights' slices once)."""
+    current = fingerprint(folder)
+    if claimed == current:
+        return current
     legacy = fingerprint(folder, legacy=True)
-    return legacy if claimed == legacy else fingerprint(folder)
+    return legacy if claimed == legacy else current
 
 
 def _safe(model: str) -> str:
