@@ -31,7 +31,7 @@ from specdec.drafters.base import Context, Drafter
 from specdec.errors import SpecdecError
 from specdec.round import commit, feedback, layout, settle
 from specdec.runtime.model import Transformer
-from specdec.sampling import SamplingParams, make_generator, probs_from_logits
+from specdec.sampling import Draws, SamplingParams, make_generator, probs_from_logits
 from specdec.tokenizer import Tokenizer
 from specdec.verify import TYPICAL_DELTA, TYPICAL_EPSILON, verify
 
@@ -195,7 +195,7 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
     typical = dict(typical_epsilon=request.posterior_threshold, typical_delta=request.posterior_alpha)
     feature_layers = tuple(getattr(drafter, "wants_hidden_layers", ()))  # EAGLE reads Context.features
     hidden_layers = ((-1,) if getattr(drafter, "wants_hidden", False) else ()) + feature_layers  # Medusa: .hidden
-    gen = make_generator(sampling.seed)
+    gen, draws = make_generator(sampling.seed), Draws.seeded(sampling.seed)  # drafters' samples; the target's
     stopper = Stopper(tokenizer, request)
     if drafter:
         drafter.reset()
@@ -237,7 +237,8 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
         out = out or model(inputs, cache, positions=positions, mask=mask, hidden_layers=hidden_layers)
         logits = out.logits[0]  # [1+n+m, V]
         forwards += 1
-        result = verify(draft, target_probs(logits[:1 + n], sampling), gen, mode, validate=False, **typical)
+        result = verify(draft, target_probs(logits[:1 + n], sampling), draws, mode, position=len(ctx.tokens),
+                        validate=False, **typical)
         if hidden_layers:  # the last accepted position's hidden state: the next round drafts from it
             last = out.hidden.get(-1)
             ctx.hidden = None if last is None else last[0, result.path[-1] + 1 if result.path else 0]

@@ -26,13 +26,17 @@ Worked example: logits log(0.5, 0.3, 0.15, 0.05), T = 1, top_p = 0.75 keeps {0, 
 0.05 token (0.05 < 0.2 x 0.5).
 
 Sampling is inverse-CDF (one uniform per row, located in float64 cumulative sums with
-torch.searchsorted) driven by an explicit CPU torch.Generator per request, so the same seed
-gives the same tokens.
+torch.searchsorted). A request's uniforms are `Draws`: each a fixed function of the request's
+seed, the position of the token it draws and a stream number, not of how many were drawn before.
+So plain decoding samples position t as the inverse CDF of p_t at u(t), and verification of a
+deterministic draft (`specdec.verify`) draws the same u(t): the same seed gives the same tokens
+with or without speculation, whatever k a round was granted and whatever was drafted.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -112,6 +116,54 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
     return p
 
 
+_MASK = (1 << 64) - 1
+
+
+def _mix(z: int) -> int:
+    """SplitMix64's finalizer (Steele, Lea and Flood 2014): a bijection on 64-bit integers that spreads
+    every input bit over the output."""
+    z = (z + 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+class Draws:
+    """A request's uniforms on [0, 1), one per (position, stream), a fixed function of the seed (counter-based,
+    as Philox or JAX's keys): u = mix(mix(mix(seed) + position) + stream), its top 53 bits. Stream 0 is the
+    target's own draw at a position (plain sampling's, and the one a deterministic draft is checked against);
+    rejection sampling's accept tests and residual draws take other streams.
+
+    Example: Draws(7).uniform(12) is the same number in every run, in plain decoding and in a speculative
+    round whose root sits at position 10 and whose third row draws position 12."""
+
+    RESIDUAL = 1 << 20  # the stream of a residual draw (accept tests take 1 + the sibling's index)
+
+    def __init__(self, seed: int):
+        self.key = _mix(seed & _MASK)
+
+    @classmethod
+    def of(cls, source: "Draws | torch.Generator | None") -> "Draws":
+        """`source` itself, or fresh draws seeded from a torch generator (None: torch's global one), one 64-bit
+        draw from it per call, so successive calls are independent."""
+        if isinstance(source, Draws):
+            return source
+        bits = torch.randint(-(1 << 63), (1 << 63) - 1, (), generator=source, dtype=torch.int64)
+        return cls(int(bits) & _MASK)
+
+    @classmethod
+    def seeded(cls, seed: int | None) -> "Draws":
+        """A request's draws: from its seed, or (None) from a fresh random one."""
+        return cls(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
+
+    def uniform(self, position: int, stream: int = 0) -> float:
+        return (_mix((_mix((self.key + position) & _MASK) + stream) & _MASK) >> 11) * 2.0 ** -53
+
+    def uniforms(self, start: int, count: int, stream: int = 0) -> torch.Tensor:
+        """[count] float64: positions start .. start + count - 1."""
+        return torch.tensor([self.uniform(start + i, stream) for i in range(count)], dtype=torch.float64)
+
+
 def make_generator(seed: int | None) -> torch.Generator:
     """A CPU generator for one request; seed None draws a fresh random seed."""
     g = torch.Generator(device="cpu")
@@ -124,13 +176,13 @@ def make_generator(seed: int | None) -> torch.Generator:
     return g
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None, u: torch.Tensor | None = None) -> torch.Tensor:
     """Draw one token per row: probs [..., V] -> LongTensor [...], on probs' device.
 
-    Inverse-CDF sampling: one uniform per row from `generator` (None: torch's global
-    generator), located in the row's float64 cumulative sums with torch.searchsorted. Exact up
-    to float64 rounding, and ~25x faster than torch.multinomial on a CPU at V = 150k. Rows need
-    not be normalized but must be non-negative with positive, finite mass."""
+    Inverse-CDF sampling: one uniform per row (`u` [...] float64 when given, else from `generator`,
+    None: torch's global generator), located in the row's float64 cumulative sums with
+    torch.searchsorted. Exact up to float64 rounding, and ~25x faster than torch.multinomial on a
+    CPU at V = 150k. Rows need not be normalized but must be non-negative with positive, finite mass."""
     if not isinstance(probs, torch.Tensor) or not probs.is_floating_point() or probs.dim() == 0:
         raise ValueError("probs must be a floating-point tensor [..., V]")
     vocab = probs.shape[-1]
@@ -142,7 +194,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     if not (lowest >= 0 and smallest > 0 and math.isfinite(largest)):
         raise ValueError("probs is not a valid distribution: entries must be finite and >= 0 "
                          "with positive mass in every row")
-    u = torch.rand(total.shape, generator=generator, dtype=torch.float64)
+    u = torch.rand(total.shape, generator=generator, dtype=torch.float64) if u is None else u.reshape(total.shape)
     # first index whose cumulative mass exceeds u * total: zero-probability tokens never win
     idx = torch.searchsorted(cdf, u.to(cdf.device) * total, right=True).squeeze(-1)
     if bool((idx >= vocab).any()):  # u * total rounded up to total: take the last positive token

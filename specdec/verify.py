@@ -11,12 +11,17 @@ exact    Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): accept 
          with probability min(1, p(x)/q(x)); at the first rejection draw the recovered token
          from the residual max(0, p - q), normalized; if all k are accepted draw the bonus
          token from p at position k+1. The emitted tokens are distributed exactly as sampling
-         from p. A deterministic draft (q = None: prompt lookup, lookahead) is q one-hot on the
-         drafted token, so x is accepted with probability p(x) and the residual is p with x
-         removed. Trees use multi-candidate speculative sampling (SpecInfer, Miao et al. 2024;
+         from p. Trees use multi-candidate speculative sampling (SpecInfer, Miao et al. 2024;
          as in EAGLE): siblings are tried in order against the running residual, which stays
-         exact when siblings are independent draws from their q rows, or distinct tokens of a
-         deterministic draft.
+         exact when siblings are independent draws from their q rows.
+         A deterministic draft (q = None: prompt lookup, recycling, lookahead, greedy heads) is
+         q one-hot on the drafted token: x is accepted with probability p(x) and the residual is
+         p with x removed (distinct siblings: the mass of each in turn). That law is drawn here
+         as the target's own sample at each position, the inverse CDF of its row at the
+         request's uniform for that position (`sampling.Draws`, stream 0, as plain decoding
+         draws it), and the drafted child equal to it is followed, else the sample is the
+         recovered token: the same law, and with a seed the same tokens as plain decoding
+         whatever k or draft a round had.
 greedy   Accept while the draft equals the target's argmax; the extra token is the argmax at
          the first mismatch (or at the bonus position). With a greedy p (one-hot) this gives
          the same tokens as exact mode.
@@ -40,7 +45,7 @@ import torch
 
 from specdec.draft import Draft, children, path_to
 from specdec.runtime.kernels.ops import argmax  # torch.argmax's indices, faster on CPU logits
-from specdec.sampling import sample
+from specdec.sampling import Draws, sample
 
 MODES = ("exact", "greedy", "typical")
 TYPICAL_EPSILON = 0.09  # Medusa's posterior_threshold
@@ -135,8 +140,9 @@ def rejection_sample(
     p: torch.Tensor,
     q: torch.Tensor | None,
     draft_tokens: torch.Tensor,
-    generator: torch.Generator | None = None,
+    generator: Draws | torch.Generator | None = None,
     *,
+    position: int = 0,
     validate: bool = True,
 ) -> tuple[int, torch.Tensor]:
     """Verify a drafted chain by speculative sampling; exact for any p and q.
@@ -145,24 +151,27 @@ def rejection_sample(
     q one-hot on the drafted token), draft_tokens [k]. Returns (num_accepted, tokens) where
     tokens (LongTensor [num_accepted + 1], on the CPU) are the accepted draft tokens followed by
     one recovered token (residual at the first rejection) or one bonus token (from p[k]).
-    generator None uses torch's global generator."""
+    `generator`: the request's Draws, row j drawing position `position` + j; a torch generator
+    (None: torch's global one) seeds fresh Draws per call."""
     tokens = _check_chain(p, q, draft_tokens, validate)
-    k = tokens.numel()
+    draws, k = Draws.of(generator), tokens.numel()
+    if q is None:  # the target's own draws, kept while the draft matches them (module docstring)
+        drawn = sample(p, u=draws.uniforms(position, k + 1)).cpu()
+        miss = (drawn[:k] != tokens).nonzero()
+        n = int(miss[0]) if miss.numel() else k
+        return n, torch.cat([tokens[:n], drawn[n:n + 1]])
     n = 0
     if k:
         rows = torch.arange(k, device=p.device)
         on_dev = tokens.to(p.device)
-        p_x = p[rows, on_dev].tolist()
-        q_x = [None] * k if q is None else q[rows, on_dev].tolist()
-        u = torch.rand(k, generator=generator, dtype=torch.float64).tolist()
-        while n < k and u[n] < acceptance_probability(p_x[n], q_x[n]):
+        p_x, q_x = p[rows, on_dev].tolist(), q[rows, on_dev].tolist()
+        while n < k and draws.uniform(position + n, 1) < acceptance_probability(p_x[n], q_x[n]):
             n += 1
     if n < k:
-        dist = residual_distribution(p[n], None if q is None else q[n], int(tokens[n]))
+        last = sample(residual_distribution(p[n], q[n], int(tokens[n])), u=draws.uniforms(position + n, 1, Draws.RESIDUAL))
     else:
-        dist = p[k]
-    last = sample(dist, generator).cpu().view(1)
-    return n, torch.cat([tokens[:n], last])
+        last = sample(p[k], u=draws.uniforms(position + k, 1))
+    return n, torch.cat([tokens[:n], last.cpu().view(1)])
 
 
 def outcome_distribution(p: torch.Tensor, q: torch.Tensor | None, draft_tokens) -> list[tuple[float, torch.Tensor]]:
@@ -207,10 +216,11 @@ def typical_thresholds(p: torch.Tensor, epsilon: float = TYPICAL_EPSILON, delta:
 def typical_verify(
     p: torch.Tensor,
     draft_tokens: torch.Tensor,
-    generator: torch.Generator | None = None,
+    generator: Draws | torch.Generator | None = None,
     *,
     epsilon: float = TYPICAL_EPSILON,
     delta: float = TYPICAL_DELTA,
+    position: int = 0,
     validate: bool = True,
 ) -> tuple[int, torch.Tensor]:
     """LOSSY typical acceptance on a chain (Medusa): accept draft i while
@@ -225,7 +235,7 @@ def typical_verify(
         p_x = p[torch.arange(k, device=p.device), tokens.to(p.device)].double().cpu()
         fail = (~(p_x > thr)).nonzero()
         n = int(fail[0]) if fail.numel() else k
-    last = sample(p[n], generator).cpu().view(1)
+    last = sample(p[n], u=Draws.of(generator).uniforms(position + n, 1)).cpu().view(1)
     return n, torch.cat([tokens[:n], last])
 
 
@@ -250,40 +260,44 @@ class VerifyResult:
 def verify(
     draft: Draft,
     p: torch.Tensor,
-    generator: torch.Generator | None = None,
+    generator: Draws | torch.Generator | None = None,
     mode: str = "exact",
     *,
     typical_epsilon: float = TYPICAL_EPSILON,
     typical_delta: float = TYPICAL_DELTA,
+    position: int = 0,
     validate: bool = True,
 ) -> VerifyResult:
     """Verify a Draft (chain or tree) against target probabilities p [len(draft)+1, V].
 
     mode "exact" (default, lossless), "greedy" (argmax rule; p may then be logits, and is not
     checked as a distribution) or "typical" (Medusa, LOSSY). Row 0 of p is the target at the
-    root, row j+1 the target right after draft node j. validate=False skips the distribution
-    check of p and q (shapes are always checked)."""
+    root, row j+1 the target right after draft node j. `generator`: the request's Draws with
+    `position` the index of the token row 0 draws (the context's length), so a node at depth d
+    draws position + d + 1; or a torch generator (None: torch's global one) for fresh draws.
+    validate=False skips the distribution check of p and q (shapes are always checked)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if not isinstance(draft, Draft):
         raise ValueError("draft must be a specdec.draft.Draft")
     q = draft.q if mode == "exact" else None
+    draws = None if mode == "greedy" else Draws.of(generator)
     if draft.is_chain:
         if mode == "exact":
-            n, tokens = rejection_sample(p, q, draft.tokens, generator, validate=validate)
+            n, tokens = rejection_sample(p, q, draft.tokens, draws, position=position, validate=validate)
         elif mode == "greedy":
             n, tokens = greedy_verify(p, draft.tokens)
         else:
-            n, tokens = typical_verify(p, draft.tokens, generator, epsilon=typical_epsilon,
-                                       delta=typical_delta, validate=validate)
+            n, tokens = typical_verify(p, draft.tokens, draws, epsilon=typical_epsilon,
+                                       delta=typical_delta, position=position, validate=validate)
         path = list(range(n))
         kind = "bonus" if n == len(draft) else "recovered"
     else:
         _check_tree(draft, p, validate and mode != "greedy")
         if mode == "typical":
-            path, last = _typical_tree(draft, p, generator, typical_epsilon, typical_delta)
+            path, last = _typical_tree(draft, p, draws, position, typical_epsilon, typical_delta)
         else:
-            path, last = _walk_tree(draft, p, generator, mode)
+            path, last = _walk_tree(draft, p, draws, position, mode)
         n = len(path)
         tokens = torch.cat([draft.tokens[path], last.view(1)])
         kids = children(draft.parents)
@@ -308,40 +322,38 @@ def _check_tree(draft: Draft, p: torch.Tensor, validate: bool) -> None:
             check_distributions(draft.q, "q")
 
 
-def _walk_tree(draft: Draft, p: torch.Tensor, generator, mode: str) -> tuple[list[int], torch.Tensor]:
-    """Greedy or multi-candidate exact verification of a tree, one level at a time."""
+def _walk_tree(draft: Draft, p: torch.Tensor, draws: Draws | None, position: int,
+               mode: str) -> tuple[list[int], torch.Tensor]:
+    """Greedy or exact verification of a tree, one level at a time: the child equal to the target's
+    argmax (greedy) or own draw (a deterministic draft), or multi-candidate speculative sampling
+    against q (module docstring); depth d's row draws position + d."""
     kids = children(draft.parents)
     tokens = draft.tokens.tolist()
     q = draft.q
     node, path = -1, []
     while True:
-        cands = kids[node + 1]
-        row = p[node + 1]
-        if not cands:
-            last = argmax(row).view(1) if mode == "greedy" else sample(row, generator)
-            return path, last.cpu()
-        if mode == "greedy":
-            top = int(argmax(row))
+        cands, row, at = kids[node + 1], p[node + 1], position + len(path)
+        if mode == "greedy" or q is None or not cands:
+            top = int(argmax(row)) if mode == "greedy" else int(sample(row, u=draws.uniforms(at, 1)))
             chosen = next((c for c in cands if tokens[c] == top), None)
             if chosen is None:
                 return path, torch.tensor([top])
         else:
             chosen, cur = None, row
-            for c in cands:
+            for i, c in enumerate(cands):
                 x = tokens[c]
-                q_row = None if q is None else q[c]
-                a = acceptance_probability(cur[x], None if q_row is None else q_row[x])
-                if float(torch.rand((), generator=generator, dtype=torch.float64)) < a:
+                if draws.uniform(at, 1 + i) < acceptance_probability(cur[x], q[c][x]):
                     chosen = c
                     break
-                cur = residual_distribution(cur, q_row, x)
+                cur = residual_distribution(cur, q[c], x)
             if chosen is None:
-                return path, sample(cur, generator).cpu()
+                return path, sample(cur, u=draws.uniforms(at, 1, Draws.RESIDUAL)).cpu().view(1)
         path.append(chosen)
         node = chosen
 
 
-def _typical_tree(draft: Draft, p: torch.Tensor, generator, epsilon: float, delta: float) -> tuple[list[int], torch.Tensor]:
+def _typical_tree(draft: Draft, p: torch.Tensor, draws: Draws, position: int, epsilon: float,
+                  delta: float) -> tuple[list[int], torch.Tensor]:
     """Typical acceptance on a tree (LOSSY): keep the deepest node whose whole path clears the
     threshold (ties: the lowest index), as Medusa picks its best candidate."""
     parents = draft.parents.tolist()
@@ -355,4 +367,4 @@ def _typical_tree(draft: Draft, p: torch.Tensor, generator, epsilon: float, delt
         depth.append(0 if par < 0 else depth[par] + 1)
     best = max((i for i in range(len(parents)) if ok[i]), key=lambda i: (depth[i], -i), default=-1)
     path = path_to(draft.parents, best) if best >= 0 else []
-    return path, sample(p[best + 1], generator).cpu().view(1)
+    return path, sample(p[best + 1], u=draws.uniforms(position + len(path), 1)).cpu().view(1)

@@ -137,12 +137,12 @@ def test_sse_framing(tiny, live):
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"model": "gpt-4"}, "not served"),
     ({"max_tokens": 1000}, "context"),
     ({"temperature": -0.5}, "temperature"),
     ({"top_p": 0}, "top_p"),
     ({"top_p": 1.5}, "top_p"),
-    ({"logit_bias": {"5": 1}}, "unknown field 'logit_bias'"),
+    ({"logit_bias": {"5": 1}}, "field 'logit_bias' is not supported"),
+    ({"frobnicate": 1}, "unknown field 'frobnicate'"),
     ({"n": 2}, "n"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
@@ -150,14 +150,53 @@ def test_sse_framing(tiny, live):
     ({"speculation": {"method": "eagle"}}, "no EAGLE head"),  # the tiny model has none: a 400, not an error event
     ({"priority": "vip"}, "priority"),
     ({"prompt": [999999]}, "token ids"),
+    ({"prompt": "a\ud800b"}, "not valid Unicode"),  # a lone surrogate (JSON allows the escape)
+    ({"stop": "\udfff"}, "not valid Unicode"),
+    ({"prompt": "ab" * 10**6}, "more than the model's context"),  # refused before tokenizing
+    ({"stream_options": {"include_usage": True}}, "only allowed when stream is true"),
+    ({"logprobs": 2}, "leave it out or send null or false"),  # an unsupported field at its neutral value only
+    ({"presence_penalty": 0.5}, "field 'presence_penalty' is not supported"),
 ])
 def test_bad_requests_get_400(tiny, live, change, words):
     folder, _, _ = tiny
     body = {"model": folder, "prompt": "abc", "max_tokens": 4, **change}
-    r = httpx.post(live.url + "/v1/completions", json=body)
+    r = httpx.post(live.url + "/v1/completions", content=json.dumps(body),  # ASCII: lone surrogates as escapes
+                   headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert words in err["message"] and err["type"] == "invalid_request_error"
+
+
+def test_openai_error_codes_and_neutral_fields(tiny, client, live):
+    folder = tiny[0]
+    r = httpx.post(live.url + "/v1/completions", json={"model": "gpt-4", "prompt": "abc"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = httpx.post(live.url + "/v1/completions", json={"model": folder, "prompt": "abc", "max_tokens": 10**6})
+    err = r.json()["error"]
+    assert r.status_code == 400 and (err["code"], err["param"]) == ("context_length_exceeded", "max_tokens")
+    assert "max_tokens" in err["message"] and "--" not in err["message"]
+    r = httpx.post(live.url + "/v1/completions", content=json.dumps({"model": folder, "prompt": "abc"}))
+    assert r.status_code == 400 and "Content-Type: application/json" in r.json()["error"]["message"]
+    neutral = dict(logprobs=None, echo=False, presence_penalty=0, frequency_penalty=0.0, logit_bias={}, best_of=1)
+    plain = client.completions.create(model=folder, prompt="abc", max_tokens=4, temperature=0)
+    assert client.completions.create(model=folder, prompt="abc", max_tokens=4, temperature=0,
+                                     extra_body=neutral).choices[0].text == plain.choices[0].text
+    assert client.models.retrieve(folder).id == folder
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+
+
+def test_chat_reads_developer_as_system_and_refuses_names(tiny, live):
+    folder, _, tok = tiny
+    usage = {}
+    for role in ("system", "developer"):
+        body = {"model": folder, "max_tokens": 2, "temperature": 0,
+                "messages": [{"role": role, "content": "Be brief."}, {"role": "user", "content": "hi"}]}
+        usage[role] = httpx.post(live.url + "/v1/chat/completions", json=body).json()["usage"]["prompt_tokens"]
+    assert usage["developer"] == usage["system"]
+    body["messages"][1]["name"] = "bob"  # would be dropped silently: refused
+    r = httpx.post(live.url + "/v1/chat/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.1.name"
 
 
 def test_malformed_json_and_unknown_paths(live):
@@ -186,6 +225,11 @@ def test_metrics_names_documented_in_readme(tiny, client, live):
     for name in names:
         assert name in text and name in readme, name
     assert 'specdec_requests_total{finish="length"}' in text or 'specdec_requests_total{finish="stop"}' in text
+    end = time.time() + 5
+    while "specdec_batch_size 0.0" not in text and time.time() < end:  # idle: B is 0, not the last step's
+        time.sleep(0.05)
+        text = httpx.get(live.url + "/metrics").text
+    assert "specdec_batch_size 0.0" in text
 
 
 class SlowEngine(Engine):
@@ -203,6 +247,10 @@ def test_api_key_and_disconnect_frees_the_slot(tiny):
         r = httpx.post(server.url + "/v1/completions", json=body)
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
         assert httpx.get(server.url + "/health").status_code == 200  # health needs no key
+        r = httpx.post(server.url + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 401  # the key is checked before the body is read
+        assert httpx.get(server.url + "/v1/models", headers={"Authorization": "bearer s3cret"}).status_code == 200
+        assert httpx.get(server.url + "/v1/models", headers={"Authorization": "Bearer s3cre"}).status_code == 401
         auth = {"Authorization": "Bearer s3cret"}
         with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=auth) as r:
             next(r.iter_lines())
@@ -223,6 +271,39 @@ def test_api_key_and_disconnect_frees_the_slot(tiny):
         assert good.completions.create(model=folder, prompt="abc", max_tokens=3, temperature=0).usage.completion_tokens
     finally:
         server.close()
+
+
+def test_ctrl_c_answers_the_requests_in_flight(tiny):
+    """After Ctrl-C the requests still running get `grace` seconds, then an answer: a 503 for a waiting client, an
+    error event and [DONE] for a stream (uvicorn's own deadline would cut both off mid-response)."""
+    from specdec.serving.app import Server
+
+    folder, model, tok = tiny
+    engine = SlowEngine(model, tok, budget=6, max_batch=4)
+    config = uvicorn.Config(create_app(engine, folder), host="127.0.0.1", port=0, log_level="warning",
+                            timeout_graceful_shutdown=30)
+    server = Server(config, engine, grace=0.3)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1/completions"
+    body = {"model": folder, "prompt": "abc", "max_tokens": 200, "temperature": 0, "speculation": False}
+    answers = {}
+    waiting = threading.Thread(target=lambda: answers.update(plain=httpx.post(url, json=body, timeout=30)))
+    waiting.start()
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=30) as r:
+        lines = r.iter_lines()
+        next(lines)
+        while len(engine.running) < 2:
+            time.sleep(0.01)
+        server.handle_exit(signal.SIGINT, None)
+        frames = [line for line in lines if line]
+    waiting.join(timeout=30)
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert frames[-1] == "data: [DONE]" and "shutting down" in json.loads(frames[-2].removeprefix("data: "))["error"]["message"]
+    assert answers["plain"].status_code == 503 and "shutting down" in answers["plain"].json()["error"]["message"]
 
 
 def test_ctrl_c_exits_cleanly(tiny):

@@ -211,17 +211,25 @@ def test_a_cheap_drafter_asks_for_the_draft_it_has(tiny, monkeypatch):
     assert len({a.k for a in asks}) > 1  # not every draft is k = 4 deep: the ask follows the draft
 
 
-def test_speculation_never_runs_sampling_like_plain_decode(tiny):
+@pytest.mark.parametrize("mode", ["never", "always", "auto"])
+def test_seeded_sampling_gives_plain_decodes_tokens_in_every_mode(tiny, mode):
+    """A seeded sampled request gets plain decode()'s tokens beside others, whatever its rounds drafted and were
+    granted (`sampling.Draws`: the target draws each position from that position's uniform)."""
     model, tok = tiny
     from specdec.sampling import SamplingParams
 
-    request = Request(max_new_tokens=20, sampling=SamplingParams(temperature=0.9, top_p=0.95, seed=3))
-    ids = tok.encode(PROMPTS[0], chat=False)
-    ref = list(decode(model, tok, ids, request))[-1].result
-    engine = Engine(model, tok, budget=6, speculation="never")
-    events = run_engine(engine, [Job(ids, request, method="prompt-lookup"), Job(ids, Request(max_new_tokens=9))])
-    first = next(iter(events.values()))
-    assert [t for e in first for t in e.tokens] == ref.token_ids
+    requests = [Request(max_new_tokens=20, sampling=SamplingParams(temperature=0.9, top_p=0.95, seed=s)) for s in range(4)]
+    ids = [tok.encode(p, chat=False) for p in PROMPTS[:4]]
+    refs = [list(decode(model, tok, i, r))[-1].result for i, r in zip(ids, requests)]
+    from specdec.drafters.recycling import Recycling
+
+    engine = Engine(model, tok, budget=6, speculation=mode, max_batch=3, drafters={"recycling": Recycling(nodes=4).fresh})
+    jobs = [Job(i, r, method=("prompt-lookup", "recycling")[n % 2]) for n, (i, r) in enumerate(zip(ids, requests))]
+    events = run_engine(engine, jobs + [Job(ids[0], Request(max_new_tokens=9))])
+    for job, ref in zip(jobs, refs):
+        assert [t for e in events[job.id] for t in e.tokens] == ref.token_ids
+    drafted = sum(d for d, _ in engine.metrics.totals.values())
+    assert (drafted > 0) == (mode == "always") or mode == "auto"
 
 
 def test_cancel_frees_the_slot_at_the_next_step(tiny):

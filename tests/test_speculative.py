@@ -209,6 +209,45 @@ def test_same_seed_same_output_with_speculation(env):
     assert a.token_ids == b.token_ids
 
 
+class Guesses(Drafter):
+    """A deterministic tree of seeded random guesses (two children a level), mostly wrong: every round
+    rejects somewhere, on every path shape."""
+
+    def __init__(self, seed):
+        self.rng = random.Random(seed)
+
+    def propose(self, ctx, k):
+        if self.rng.random() < 0.5:
+            return Draft.chain([self.rng.randrange(VOCAB) for _ in range(k)])
+        tokens, parents = [], []
+        for depth in range(k):  # a spine with a second child at every level
+            spine = len(tokens) - 2 if depth else -1
+            a, b = self.rng.sample(range(VOCAB), 2)
+            tokens += [a, b]
+            parents += [spine, spine]
+        return Draft(torch.tensor(tokens), torch.tensor(parents))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_seed_gives_plain_decodings_tokens_under_any_deterministic_draft(env, k):
+    """Sampling draws the target's token at each position from that position's uniform (`sampling.Draws`), and
+    a deterministic draft is checked against that very draw: with a seed, speculative sampling gives plain
+    sampling's tokens, whatever was drafted and whatever k a round had (the server grants k by load)."""
+    from specdec.drafters.lookahead import Lookahead
+    from specdec.drafters.recycling import Recycling
+    for text in PROMPTS[:2]:
+        ids = env["tok"].encode(text, chat=False)
+        for seed in (0, 1):
+            sp = SamplingParams(temperature=1.3, top_k=40, seed=seed)
+            plain = run(env, ids, max_new_tokens=24, sampling=sp)
+            for drafter, policy in [(PromptLookup(), FixedK(k)), (Recycling(nodes=4), FixedK(k)),
+                                    (Guesses(seed), FixedK(k)), (Lookahead(3, 3, 2), FixedK(2))]:
+                spec = run(env, ids, drafter, policy, max_new_tokens=24, sampling=sp)
+                assert spec.token_ids == plain.token_ids, (text, seed, type(drafter).__name__)
+            other = run(env, ids, max_new_tokens=24, sampling=SamplingParams(temperature=1.3, top_k=40, seed=seed + 7))
+            assert other.token_ids != plain.token_ids  # the seed matters: the test can fail
+
+
 def test_adaptive_k_measures_tau_after_the_drafters_prefill():
     policy = AdaptiveK(tau=0.3)
     policy.timing(4, draft_seconds=50.0, target_seconds=1.0)  # round 1: the drafter prefilled a long prompt

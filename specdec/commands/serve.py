@@ -15,8 +15,9 @@ def register(sub) -> None:
                                    "/health, /metrics and /dashboard. Requests share each target forward (continuous batching); "
                                    "before every step the scheduler grants each request a draft length from its own "
                                    "measured acceptance, only as far as the idle compute the batch leaves pays for it "
-                                   "(--budget), interactive requests first. Ctrl-C stops it (in-flight requests get a "
-                                   "few seconds to finish, then are cancelled).")
+                                   "(--budget), interactive requests first. Ctrl-C stops it (in-flight requests get "
+                                   "--grace seconds to finish, then are cancelled: a 503, or a stream ended by an error "
+                                   "event and [DONE]).")
     add_model_args(p, device=False)  # the batched forward runs on the CPU
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
@@ -49,6 +50,9 @@ def register(sub) -> None:
                         "one position; the whole --prefill-chunk when no request decodes), so a new prompt delays "
                         "the streams of the others by a bounded amount (default 4; 0 = off: the whole chunk "
                         "every step)")
+    p.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
+                   help="after Ctrl-C (or SIGTERM), how long in-flight requests may run before they are cancelled "
+                        "(default 5)")
     p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECDEC_API_KEY, else none)")
     p.set_defaults(func=run)
@@ -74,12 +78,14 @@ def run(args) -> int:
 
     from specdec.api import LLM
     from specdec.errors import SpecdecError
-    from specdec.serving.app import create_app
+    from specdec.serving.app import Server, create_app
     from specdec.serving.engine import Engine, check_stall
 
     if args.max_batch < 1 or args.prefill_chunk < 1:
         raise SpecdecError("--max-batch and --prefill-chunk must be at least 1")
     check_stall(args.prefill_stall)  # before the model loads
+    if not 0 <= args.grace < float("inf"):
+        raise SpecdecError(f"--grace must be a number of seconds >= 0, got {args.grace}")
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in [0, 65535], got {args.port}")
     budget = budget_arg(args.budget)
@@ -102,5 +108,12 @@ def run(args) -> int:
     print(f"specdec serve: {args.model} on http://{args.host}:{args.port} (speculation {args.speculation} within "
           f"{spend}, method {args.method}; methods {', '.join(engine.methods)}; max batch {args.max_batch}"
           + (", API key required" if args.api_key else "") + "); Ctrl-C stops", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                            timeout_graceful_shutdown=args.grace + 5)
+    try:
+        Server(config, engine, args.grace).run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled, once it has shut down (as uvicorn.run)
+        pass
     return 0
+

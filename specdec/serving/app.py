@@ -12,10 +12,14 @@ Sampling fields: max_tokens, temperature (OpenAI's default 1; 0 = greedy), top_p
 extra fields: `speculation` (true/"auto"/"on": the server's method with adaptive k; false/"off": plain
 steps; or {"method": "prompt-lookup" | "recycling" | "eagle" | "plain" (default: the server's), "k": 4 | "auto"}) and
 `priority` ("interactive", the default, or "batch": served speculation headroom after every interactive
-request). An unknown field, a bad value, an unknown model, malformed JSON or a prompt that does not fit the
-context gets a 400 with an OpenAI-style body {"error": {"message", "type", "param", "code"}}. With an API
-key, /v1/* needs "Authorization: Bearer KEY". A client that disconnects cancels its request; the engine
-frees the slot at its next step.
+request). An unknown field, a bad value, malformed JSON, text that is not valid Unicode or a prompt that does
+not fit the context (code "context_length_exceeded") gets a 400 with an OpenAI-style body {"error": {"message",
+"type", "param", "code"}}, an unknown model a 404 (code "model_not_found"). A field the server does not support
+is refused unless it has its neutral value, as clients send by default (`NEUTRAL`: e.g. "logprobs": null,
+"presence_penalty": 0). The role "developer" is read as "system", as OpenAI does. With an API key, /v1/* needs
+"Authorization: Bearer KEY", checked before the body is read. A client that disconnects cancels its request; the
+engine frees the slot at its next step. Tokenizing runs off the event loop, so a huge prompt does not stall
+other streams, and a text longer than the context could hold in any tokenization is refused before it.
 """
 
 from __future__ import annotations
@@ -30,11 +34,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Literal
 
-from fastapi import Depends, FastAPI, Request
+import uvicorn
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException
 
 from specdec.decode import Request as DecodeRequest
@@ -44,6 +49,26 @@ from specdec.serving.engine import Engine, Event, Job
 
 DASHBOARD = Path(__file__).with_name("static") / "dashboard.html"
 CHAT_MAX_TOKENS = 512  # a chat request without max_tokens: up to this many, within the context
+
+
+# OpenAI fields this server does not support, with the values that ask for nothing (accepted and dropped)
+NEUTRAL = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+           "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}),
+           "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
+
+
+def _neutral(value, allowed) -> bool:
+    """`value` is one of `allowed`, types kept apart (False is not 0) but for numbers (0.0 is 0)."""
+    for a in allowed:
+        if a is None or isinstance(a, bool) or isinstance(value, bool):
+            if value is a:
+                return True
+        elif isinstance(a, (int, float)) and isinstance(value, (int, float)):
+            if value == a:
+                return True
+        elif type(value) is type(a) and value == a:
+            return True
+    return False
 
 
 class Body(BaseModel):
@@ -75,6 +100,15 @@ class Common(Body):
     speculation: bool | Literal["auto", "on", "off"] | Speculation = "auto"
     priority: Literal["interactive", "batch"] = "interactive"
 
+    @model_validator(mode="before")
+    @classmethod
+    def drop_neutral(cls, data):
+        """Unsupported fields at their neutral values (`NEUTRAL`) ask for nothing: drop them; any other value
+        stays, and is refused as an unknown field."""
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if not (k in NEUTRAL and _neutral(v, NEUTRAL[k]))}
+        return data
+
 
 class CompletionBody(Common):
     prompt: str | list[int]
@@ -88,12 +122,35 @@ class TextPart(Body):
 class Message(Body):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
-    name: str | None = None
 
 
 class ChatBody(Common):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+
+
+class Refused(Exception):
+    """A request the server turns away: its status, the field at fault and OpenAI's error code, if any."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.param, self.code, self.status = param, code, status
+
+
+class KeyCheck:
+    """ASGI middleware: /v1/* needs "Authorization: Bearer KEY" (the scheme in any case), checked before the body
+    is read, so a request without the key gets a 401 whatever it sends."""
+
+    def __init__(self, app, key: str):
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            scheme, _, token = given.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+                return await error(401, "missing or wrong API key: send 'Authorization: Bearer KEY'")(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 def error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
@@ -116,33 +173,49 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
         thread.join(timeout=60)
 
     app = FastAPI(title="specdec serve", lifespan=lifespan)
-    tok = engine.tokenizer
+    if api_key is not None:
+        app.add_middleware(KeyCheck, key=api_key)
+    tok, context = engine.tokenizer, engine.model.cfg.max_position_embeddings
+    longest = max(map(len, tok.hf.get_vocab()))  # no token spells more characters: a longer text cannot fit
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, exc: RequestValidationError):
         first = exc.errors()[0]
         where = [str(p) for p in first.get("loc", ()) if p != "body"]
         param = ".".join(where) or None
+        if first.get("type") == "extra_forbidden" and param in NEUTRAL:
+            asks = " or ".join(json.dumps(v) for v in NEUTRAL[param])
+            return error(400, f"field {param!r} is not supported by this server: leave it out or send {asks}", param)
         if first.get("type") == "extra_forbidden":
             return error(400, f"unknown field {param!r}: see the supported fields in the docs", param)
         if first.get("type") == "json_invalid":
             return error(400, "the body is not valid JSON", None)
+        if not where and first.get("type") in ("model_attributes_type", "dict_type"):
+            return error(400, "the body must be a JSON object, sent with 'Content-Type: application/json'", None)
         return error(400, f"{param or 'body'}: {first.get('msg')}", param)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, exc: HTTPException):
         return error(exc.status_code, str(exc.detail))
 
-    def authorized(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-            raise HTTPException(401, "missing or wrong API key: send 'Authorization: Bearer KEY'")
+    def text_of(text: str, param: str) -> str:
+        """`text`, or Refused: not valid Unicode (a lone surrogate), or longer than any tokenization could fit."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise Refused(f"{param} is not valid Unicode ({e.reason} at character {e.start}, e.g. a lone "
+                          "UTF-16 surrogate): send well-formed text", param) from None
+        if len(text) > context * longest:
+            raise Refused(f"{param} has {len(text)} characters, more than the model's context of {context} tokens "
+                          "can hold: shorten it", param, "context_length_exceeded")
+        return text
 
     def job_for(body: Common, prompt_ids: list[int], max_tokens: int) -> Job:
-        if body.model != model_name:
-            raise SpecdecError(f"model {body.model!r} is not served here; this server runs {model_name!r}")
+        """The engine's job for a checked body (runs off the event loop, after the prompt is tokenized)."""
+        if len(prompt_ids) + max_tokens > context:
+            raise Refused(f"the prompt ({len(prompt_ids)} tokens) and max_tokens ({max_tokens}) exceed the model's "
+                          f"context of {context} tokens: shorten the prompt or lower max_tokens", "max_tokens",
+                          "context_length_exceeded")
         spec = body.speculation
         if isinstance(spec, Speculation):
             how = (spec.method or method, spec.k)
@@ -150,23 +223,34 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
             how = (method, "auto") if spec in (True, "auto", "on") else ("plain", "auto")
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if len(stop) > 4 or any(not s for s in stop):
-            raise SpecdecError("stop must be a non-empty string or a list of up to 4 of them")
+            raise Refused("stop must be a non-empty string or a list of up to 4 of them", "stop")
+        stop = [text_of(s, "stop") for s in stop]
         sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
                                   min_p=body.min_p, seed=body.seed)
         request = DecodeRequest(max_new_tokens=max_tokens, sampling=sampling, stop=tuple(stop))
         return Job(prompt_ids, request, method=how[0], k=how[1], priority=body.priority)
 
-    async def run(request: Request, body: Common, job: Job, kind: str):
-        loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        job.on_event = lambda e: loop.call_soon_threadsafe(events.put_nowait, e)
+    async def run(request: Request, body: Common, prepare, kind: str):
+        """Check the body and tokenize (`prepare(body) -> Job`, in a worker thread), submit, then answer."""
         try:
+            if body.model != model_name:
+                raise Refused(f"model {body.model!r} is not served here; this server runs {model_name!r}", "model",
+                              "model_not_found", 404)
+            if body.stream_options is not None and not body.stream:
+                raise Refused("stream_options is only allowed when stream is true", "stream_options")
+            job = await asyncio.to_thread(prepare, body)
+            loop, events = asyncio.get_running_loop(), asyncio.Queue()
+            job.on_event = lambda e: loop.call_soon_threadsafe(events.put_nowait, e)
             engine.submit(job)
+        except Refused as e:
+            return error(e.status, str(e), e.param, e.code)
         except (SpecdecError, ValueError) as e:
             return error(400, str(e))
         rid, created = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(stream(job, events, rid, created, kind, usage), media_type="text/event-stream")
+            return StreamingResponse(stream(job, events, rid, created, kind, usage), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         text, last, check = [], None, loop.time() + 0.5
         try:
             while last is None:
@@ -215,12 +299,13 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
             while not done:
                 e: Event = await events.get()
                 done = e.finish_reason is not None
-                if e.finish_reason == "error":
-                    yield f"data: {json.dumps({'error': {'message': f'generation failed: {e.error}', 'type': 'server_error'}})}\n\n"
+                if e.finish_reason in ("error", "cancelled"):  # cancelled here: the server is shutting down
+                    why = f"generation failed: {e.error}" if e.error else "the server is shutting down"
+                    yield f"data: {json.dumps({'error': {'message': why, 'type': 'server_error'}})}\n\n"
                     break
                 if e.text:
                     yield frame(e.text)
-                if done and e.finish_reason != "cancelled":
+                if done:
                     yield frame(None, e.finish_reason)
                     if include_usage:
                         yield frame(None, usage=usage_of(e))
@@ -229,35 +314,46 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
             if not done:
                 job.cancel()  # the client went away (or the stream broke): free the slot at the next step
 
-    @app.post("/v1/completions", dependencies=[Depends(authorized)])
-    async def completions(request: Request, body: CompletionBody):
-        try:
-            ids = body.prompt if isinstance(body.prompt, list) else tok.encode(body.prompt, chat=False)
+    def completion_job(body: CompletionBody) -> Job:
+        if isinstance(body.prompt, list):
+            ids = body.prompt
             if any(not 0 <= t < engine.model.cfg.vocab_size for t in ids):
-                raise SpecdecError("prompt token ids must be in [0, vocab size)")
-            job = job_for(body, ids, body.max_tokens or 16)
-        except (SpecdecError, ValueError) as e:
-            return error(400, str(e))
-        return await run(request, body, job, "completion")
+                raise Refused("prompt token ids must be in [0, vocab size)", "prompt")
+        else:
+            ids = tok.encode(text_of(body.prompt, "prompt"), chat=False)
+        return job_for(body, ids, body.max_tokens or 16)
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
+    def chat_job(body: ChatBody) -> Job:
+        if not tok.has_chat_template:
+            raise SpecdecError(f"{model_name} has no chat template: use /v1/completions")
+        messages = [{"role": "system" if m.role == "developer" else m.role,  # OpenAI's newer name for system
+                     "content": text_of(m.content if isinstance(m.content, str) else "".join(p.text for p in m.content),
+                                        f"messages.{i}.content")} for i, m in enumerate(body.messages)]
+        text = tok.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tok.hf.encode(text, add_special_tokens=False)
+        return job_for(body, ids, body.max_completion_tokens or body.max_tokens
+                       or max(1, min(CHAT_MAX_TOKENS, context - len(ids))))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request, body: CompletionBody):
+        return await run(request, body, completion_job, "completion")
+
+    @app.post("/v1/chat/completions")
     async def chat(request: Request, body: ChatBody):
-        try:
-            if not tok.has_chat_template:
-                raise SpecdecError(f"{model_name} has no chat template: use /v1/completions")
-            messages = [{"role": m.role, "content": m.content if isinstance(m.content, str)
-                         else "".join(p.text for p in m.content)} for m in body.messages]
-            text = tok.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            ids = tok.hf.encode(text, add_special_tokens=False)
-            limit = engine.model.cfg.max_position_embeddings - len(ids)
-            job = job_for(body, ids, body.max_completion_tokens or body.max_tokens or max(1, min(CHAT_MAX_TOKENS, limit)))
-        except (SpecdecError, ValueError) as e:
-            return error(400, str(e))
-        return await run(request, body, job, "chat")
+        return await run(request, body, chat_job, "chat")
 
-    @app.get("/v1/models", dependencies=[Depends(authorized)])
+    card = {"id": model_name, "object": "model", "created": 0, "owned_by": "specdec"}
+
+    @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "specdec"}]}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):
+        if name != model_name:
+            return error(404, f"model {name!r} is not served here; this server runs {model_name!r}", "model",
+                         "model_not_found")
+        return card
 
     @app.get("/health")
     async def health():
@@ -272,6 +368,24 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
         return FileResponse(DASHBOARD)
 
     return app
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server for an engine's app. The first Ctrl-C (or SIGTERM) gives in-flight requests `grace`
+    seconds, then cancels them in the engine, so each still gets its answer (a 503, or a stream ended by an error
+    event and [DONE]) before uvicorn's own deadline (its config's timeout_graceful_shutdown, which should be
+    longer), which would cut them off mid-response."""
+
+    def __init__(self, config: uvicorn.Config, engine: Engine, grace: float = 5.0):
+        super().__init__(config)
+        self.engine, self.grace = engine, grace
+
+    def handle_exit(self, sig, frame) -> None:
+        if not self.should_exit:
+            timer = threading.Timer(self.grace, self.engine.cancel_all)
+            timer.daemon = True  # not waited for when every request ends sooner
+            timer.start()
+        super().handle_exit(sig, frame)
 
 
 def usage_of(e: Event) -> dict:

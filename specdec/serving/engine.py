@@ -50,7 +50,7 @@ from specdec.drafters.prompt_lookup import PromptLookup
 from specdec.errors import SpecdecError
 from specdec.runtime.kernels import attention
 from specdec.runtime.model import Transformer, prefill_spans
-from specdec.sampling import make_generator
+from specdec.sampling import Draws, make_generator
 from specdec.serving import scheduler
 from specdec.serving.batch import Segment, packed_forward
 from specdec.serving.metrics import Metrics
@@ -102,7 +102,8 @@ class Slot:
         deepest = min(getattr(self.policy, "k_max", getattr(self.policy, "k", 0)), job.request.max_new_tokens - 1)
         room = self.drafter.room(deepest) if self.drafter else 0
         self.cache = engine.model.new_cache(n + job.request.max_new_tokens + room + 1)
-        self.gen = make_generator(job.request.sampling.seed)
+        self.gen = make_generator(job.request.sampling.seed)  # the drafters' samples
+        self.draws = Draws.seeded(job.request.sampling.seed)   # the target's: by position, as decode() draws them
         self.ctx = Context(tokens=list(job.prompt_ids), prompt_len=n, sampling=job.request.sampling,
                            generator=self.gen)
         self.stopper = Stopper(engine.tokenizer, job.request)
@@ -364,8 +365,8 @@ class Engine:
         """One request's half of the round after the shared forward; returns the tokens it committed.
         `hidden`: the round's features (EAGLE), of which the root's and the accepted path's are kept."""
         sampling, n = slot.job.request.sampling, len(draft)
-        result = verify(draft, target_probs(logits[:1 + n], sampling), slot.gen,
-                        "greedy" if sampling.greedy else "exact", validate=False)
+        result = verify(draft, target_probs(logits[:1 + n], sampling), slot.draws,
+                        "greedy" if sampling.greedy else "exact", position=len(slot.ctx.tokens), validate=False)
         if hidden is not None:
             slot.ctx.features.append(hidden[[0] + [i + 1 for i in result.path]])
         rnd.settle(slot.cache, draft, result)
@@ -403,16 +404,23 @@ class Engine:
 
     # --- the serving thread ---------------------------------------------------------------------
     def serve(self, stop: threading.Event) -> None:
-        """Step while there is work, sleep while idle, until `stop` is set; then cancel what is left."""
+        """Step while there is work, sleep while idle (B reads 0 then), until `stop` is set; then cancel what
+        is left."""
         while not stop.is_set():
             self.wake.clear()
             if self.busy:
                 self.step()
             else:
+                self.metrics.batch.set(0)
                 self.wake.wait(0.1)
-        with self.lock:
-            for job in self.waiting:
-                job.cancel()
-        for slot in self.running:
-            slot.job.cancel()
+        self.cancel_all()
         self._drop_cancelled()
+
+    def cancel_all(self) -> None:
+        """Cancel every waiting and running job (any thread): each ends with a "cancelled" event at the next
+        step (`specdec serve` on Ctrl-C, once the in-flight requests' grace is over)."""
+        with self.lock:
+            jobs = list(self.waiting) + [slot.job for slot in self.running]
+        for job in jobs:
+            job.cancel()
+        self.wake.set()

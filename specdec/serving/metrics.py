@@ -2,7 +2,7 @@
 
 Each app owns its registry (served at /metrics). Names, documented in README.md's `specdec serve`:
 
-    specdec_batch_size                      gauge: B, requests decoding in the last step
+    specdec_batch_size                      gauge: B, requests decoding in the last step (0 while idle)
     specdec_queue_length                    gauge: jobs waiting for a slot
     specdec_budget_positions                gauge: the budget (positions one forward verifies for ~ the cost of one)
     specdec_steps_total                     counter: server steps
