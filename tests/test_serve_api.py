@@ -143,6 +143,9 @@ def test_sse_framing(tiny, live):
     ({"top_p": 1.5}, "top_p"),
     ({"logit_bias": {"5": 1}}, "field 'logit_bias' is not supported"),
     ({"frobnicate": 1}, "unknown field 'frobnicate'"),
+    ({"speculation": {"method": "plain", "x": 1}}, "unknown field 'speculation.x'"),
+    ({"speculation": {"k": "4"}}, "speculation.k: Input should be a valid integer"),  # not "speculation.bool"
+    ({"prompt": ["a", "b"]}, "prompt is a string or a list of token ids"),
     ({"n": 2}, "n"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),

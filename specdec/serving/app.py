@@ -129,6 +129,13 @@ class ChatBody(Common):
     max_completion_tokens: int | None = Field(None, ge=1)
 
 
+FIELDS = {name for model in (CompletionBody, ChatBody, Message, TextPart, Speculation, StreamOptions)
+          for name in model.model_fields}
+HINTS = {"prompt": "a string or a list of token ids", "stop": "a string or a list of up to 4 strings",
+         "speculation": 'true, false, "auto", "on", "off" or {"method": ..., "k": ...}',
+         "messages": 'a list of {"role": ..., "content": a string or a list of {"type": "text", "text": ...}}'}
+
+
 class Refused(Exception):
     """A request the server turns away: its status, the field at fault and OpenAI's error code, if any."""
 
@@ -180,8 +187,11 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, exc: RequestValidationError):
-        first = exc.errors()[0]
-        where = [str(p) for p in first.get("loc", ()) if p != "body"]
+        # a field of several types fails once per type: the error that got furthest into its value says most
+        first = max(exc.errors(), key=lambda e: len(e.get("loc", ())))
+        loc = [p for p in first.get("loc", ()) if p != "body"]
+        where = [str(p) for i, p in enumerate(loc) if isinstance(p, int) or p in FIELDS  # not the type tags
+                 or (i == len(loc) - 1 and first.get("type") == "extra_forbidden")]  # but an unknown name
         param = ".".join(where) or None
         if first.get("type") == "extra_forbidden" and param in NEUTRAL:
             asks = " or ".join(json.dumps(v) for v in NEUTRAL[param])
@@ -192,7 +202,8 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
             return error(400, "the body is not valid JSON", None)
         if not where and first.get("type") in ("model_attributes_type", "dict_type"):
             return error(400, "the body must be a JSON object, sent with 'Content-Type: application/json'", None)
-        return error(400, f"{param or 'body'}: {first.get('msg')}", param)
+        hint = next((f" ({where[0]} is {HINTS[where[0]]})" for _ in [0] if where and where[0] in HINTS), "")
+        return error(400, f"{param or 'body'}: {first.get('msg')}{hint}", param)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, exc: HTTPException):
