@@ -48,7 +48,8 @@ class LLM:
                  tree_nodes: int | None = None, device: str = "cpu", kv_dtype: str = "auto"):
         from specdec.store import resolve
 
-        check_setup(draft=draft, sources=sources, exit_layer=exit_layer, lookahead=lookahead)
+        check_setup(draft=draft, sources=sources, exit_layer=exit_layer, lookahead=lookahead, tree=tree,
+                    tree_nodes=tree_nodes)
         if kv_dtype not in KV_DTYPES:
             raise OptionError(f"unknown KV-cache dtype {kv_dtype!r}: choose one of {', '.join(KV_DTYPES)}")
         self.kv_dtype = kv_dtype

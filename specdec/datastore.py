@@ -413,8 +413,12 @@ class Datastore:
     def __init__(self, folder: str | Path):
         folder = Path(folder).expanduser()
         if not (folder / META).is_file():
-            hint = ("it is incomplete (a build was interrupted?): build it again"
-                    if folder.is_dir() else "no such folder")
+            if not folder.is_dir():
+                hint = "no such folder"
+            elif (folder / "tokens.npy").exists():
+                hint = "it is incomplete (a build was interrupted?): build it again"
+            else:
+                hint = f"it has no {META}: give the folder a build wrote, or build one"
             raise SpecdecError(f"{folder} is not a specdec datastore ({hint}; "
                                "`specdec datastore build --model NAME --from sharegpt --out DIR`)")
         self.folder = folder

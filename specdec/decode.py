@@ -19,6 +19,7 @@ token limit inside an accepted block end generation at exactly the token plain d
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Iterator
@@ -53,6 +54,14 @@ class Request:
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        e, d = self.posterior_threshold, self.posterior_alpha
+        if not (_real(e) and 0 < e <= 1) or not (_real(d) and 0 < d < math.inf):
+            raise ValueError(f"typical acceptance needs posterior_threshold (epsilon) in (0, 1] and posterior_alpha "
+                             f"(delta) > 0, got {e!r}, {d!r}")
+
+
+def _real(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 @dataclass

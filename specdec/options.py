@@ -103,6 +103,8 @@ def check_stop(stop) -> tuple[str, ...]:
         return ()
     if isinstance(stop, str):
         stop = (stop,)
+    elif isinstance(stop, (bytes, bytearray)):
+        raise OptionError(f"stop must be a string or a list of strings, got bytes {bytes(stop)!r}: decode it first")
     try:
         stop = tuple(stop)
     except TypeError:
@@ -233,11 +235,18 @@ NEEDS_DRAFT = "method 'draft' needs a draft model: pass --draft NAME (e.g. qwen2
 
 
 def check_setup(*, draft: str | None = None, sources: Sequence[str] | str = ("prompt-lookup", "draft"),
-                exit_layer: int | str = "auto", lookahead="auto", method: str | None = None) -> None:
+                exit_layer: int | str = "auto", lookahead="auto", method: str | None = None, tree: str = "auto",
+                tree_nodes: int | None = None) -> None:
     """The method settings of `specdec.LLM` (and `specdec race`), before anything loads; with `method`,
-    also whether they let that method run (a draft model for 'draft', or for a hybrid that uses one)."""
+    also whether they let that method run (a draft model for 'draft', or for a hybrid that uses one).
+    `tree`: Medusa's and EAGLE's tree (a name or a Medusa paths file: read when the drafter is built);
+    `tree_nodes`: their size and token recycling's, None = from the probe's budget."""
     if draft is not None and (not isinstance(draft, str) or not draft.strip()):
         raise OptionError(f"draft must be a model name or path, got {draft!r}")
+    if not isinstance(tree, str) or not tree.strip():
+        raise OptionError(f"tree must be 'auto', 'chain', 'static', 'dynamic' or a Medusa paths file, got {tree!r}")
+    if tree_nodes is not None and (not is_int(tree_nodes) or tree_nodes < 1):
+        raise OptionError(f"tree_nodes must be an integer >= 1 (or None = from the budget), got {tree_nodes!r}")
     names = check_sources(sources)
     check_exit_layer(exit_layer)
     LookaheadConfig.of(lookahead)

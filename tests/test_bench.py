@@ -284,6 +284,13 @@ def test_prompts_file_not_utf8_is_named(tmp_path):
         P.load_prompts(str(bad))
 
 
+def test_out_is_tried_before_the_run(tmp_path):
+    """os.access says yes to root on a read-only mount or under /proc: --out is written to before the run."""
+    with pytest.raises(SpecdecError, match="cannot write there"):
+        report.check_out("/proc/specdec-no-such-folder")
+    assert report.check_out(tmp_path / "new" / "out").is_dir() and not list((tmp_path / "new" / "out").iterdir())
+
+
 def test_bench_draft_model_hf_assisted_and_sampling(tiny_llama, tmp_path, capsys):
     draft = save_tiny("llama", tmp_path / "draft", seed=1)
     prompts = tmp_path / "p.jsonl"
@@ -295,11 +302,19 @@ def test_bench_draft_model_hf_assisted_and_sampling(tiny_llama, tmp_path, capsys
     assert [r["method"] for r in recs] == ["plain", "draft", "hf-plain", "hf-assisted", "hf-prompt-lookup"]
     assert all(r["token_ids"] == recs[0]["token_ids"] and r["mismatch"] is None for r in recs)
     assert recs[1]["drafted"] > 0
-    assert main(base + ["--temperature", "1.0", "--top-p", "0.9", "--out", str(tmp_path / "sampled")]) == 0
+    base[base.index("draft", base.index("--methods"))] = "draft,prompt-lookup"
+    assert main(base + ["--temperature", "1.0", "--top-p", "0.9", "--top-k", "50", "--min-p", "0.01",
+                        "--out", str(tmp_path / "sampled")]) == 0
     out = capsys.readouterr().out
     data = json.loads((tmp_path / "sampled" / "results.json").read_text())
-    assert all(r["mismatch"] is None and 0 < r["new_tokens"] <= 6 for r in data["records"])
-    assert "| ref |" not in out.split("| category |")[-1]  # no greedy check when sampling
+    recs = {r["method"]: r for r in data["records"]}
+    assert all(r["mismatch"] is None and 0 < r["new_tokens"] <= 6 for r in recs.values())
+    # seeded sampling: a deterministic draft (prompt lookup) is held to plain's tokens, a draft model's own q is not
+    assert recs["prompt-lookup"].get("checked", True) and recs["prompt-lookup"]["token_ids"] == recs["plain"]["token_ids"]
+    assert recs["draft"]["checked"] is False and recs["hf-plain"]["checked"] is False
+    table = out.split("| category |")[-1]
+    assert "| prompt-lookup |" in table and table.count("| ok |") == 1 and "| ref |" in table
+    assert "top-k 50, min-p 0.01" in (tmp_path / "sampled" / "results.md").read_text()
 
 
 # --- llama.cpp comparison (the runner is tested with a stand-in; llama-cpp-python is an optional extra) ------

@@ -2,6 +2,7 @@
 line and a non-zero exit, never a traceback."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -22,7 +23,7 @@ def test_generate_json(folder, capsys):
     assert main(["generate", "hello hello", "--model", folder, "--max-new-tokens", "12", "--json",
                  "--method", "prompt-lookup", "--k", "3"]) == 0
     out = json.loads(capsys.readouterr().out)
-    for key in ("text", "prompt_tokens", "new_tokens", "seconds", "tokens_per_s", "target_forwards",
+    for key in ("text", "token_ids", "prompt_tokens", "new_tokens", "seconds", "tokens_per_s", "target_forwards",
                 "mean_accepted", "acceptance_rate", "accepted_per_position", "draft_seconds", "target_seconds"):
         assert key in out
     assert 1 <= out["new_tokens"] <= 12 and out["mean_accepted"] >= 1.0
@@ -119,11 +120,24 @@ def no_loading(monkeypatch):
     (["hi", "--method", "hybrid", "--sources", "prompt-lookup,nosuch"], "nosuch"),
     (["hi", "--method", "early-exit", "--exit-layer", "x"], "exit layer"),
     (["hi", "--method", "lookahead", "--ngram", "1"], "ngram"),
+    (["hi", "--method", "medusa", "--temperature", "0.7", "--acceptance", "typical", "--posterior-threshold", "-1"],
+     "posterior_threshold"),
+    (["hi", "--posterior-alpha", "nan"], "posterior_alpha"),
+    (["hi", "--method", "medusa", "--tree-nodes", "0"], "tree_nodes"),
+    (["hi", "--model", "/etc/hostname"], "is a file but not a model"),
 ])
 def test_bad_input_refused_before_loading(folder, capsys, no_loading, args, message):
     assert main(["generate"] + args[:1] + ["--model", folder] + args[1:]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_a_reader_that_goes_away_ends_generate_quietly(folder):
+    """`specdec generate ... | head -c 5`: no BrokenPipeError traceback."""
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run(f"{sys.executable} -m specdec.cli generate 'hello hello' --model {folder} --no-chat "
+                       "--max-new-tokens 200 --temperature 1 | head -c 1", shell=True, capture_output=True, env=env)
+    assert len(r.stdout) == 1 and b"Traceback" not in r.stderr and b"BrokenPipe" not in r.stderr
 
 
 def test_empty_stdin_is_refused(folder):

@@ -335,6 +335,15 @@ def test_a_target_converted_under_another_transformers_keeps_its_heads(env, tmp_
     assert fingerprint(folder) != fingerprint(env["folder"])
 
 
+def test_export_to_a_file_is_one_line(tmp_path, capsys):
+    from specdec.cli import main
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert main(["export", "eagle", "--model", "smollm2-135m", "--out", str(afile)]) == 2  # before anything loads
+    assert "is a file, not a folder" in capsys.readouterr().err and afile.read_text() == "x"
+
+
 def test_export_then_import_drafts_the_same(env, tmp_path, monkeypatch, capsys):
     """`specdec export eagle` writes the vLLM/SGLang layout; `--heads` of that folder, with our "specdec" block
     or without it (as a published head), drafts exactly what the original head drafts; generate runs on it."""

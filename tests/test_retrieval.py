@@ -187,6 +187,8 @@ def test_writes_are_atomic(tmp_path, tiny_tok):
     (out / "meta.json").unlink()                              # what an interrupted build would leave
     with pytest.raises(SpecdecError, match="incomplete"):
         Datastore(out)
+    with pytest.raises(SpecdecError, match="it has no meta.json: give the folder a build wrote"):
+        Datastore(tmp_path)                                   # an ordinary folder is not called interrupted
 
 
 def test_sharegpt_reader_keeps_complete_conversations_of_a_truncated_file(tmp_path):

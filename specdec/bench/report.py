@@ -9,7 +9,8 @@ Per method and category (and "all"):
   (tokens/s, not time: the engines' activations differ, so near-ties end their answers at other tokens);
 - accepted/fwd: new tokens / target forwards (mean accepted length, bonus included; 1.0 for plain);
 - alpha: accepted / drafted draft tokens;
-- greedy: "ok" when every generation's token ids equal plain's, else the count of mismatches.
+- = plain: "ok" when every generation's token ids equal plain's (greedy: every method; sampling with a seed:
+  the methods whose drafts are deterministic, as `sampling.Draws` makes them), else the count of mismatches.
 
     rows = summarize(records)                 # list of dicts
     print(markdown_table(rows))
@@ -89,8 +90,8 @@ def _x(x) -> str:
     return "–" if x is None else f"{x:.2f}×"
 
 
-def greedy_cell(row: dict, greedy: bool) -> str:
-    if not greedy or not row.get("checked", True):
+def greedy_cell(row: dict, checked: bool) -> str:
+    if not checked or not row.get("checked", True):
         return "–"
     if row["method"] == "plain":
         return "ref"
@@ -100,9 +101,10 @@ def greedy_cell(row: dict, greedy: bool) -> str:
     return f"**{row['mismatches']} MISMATCH**{nt}"
 
 
-def markdown_table(rows: Sequence[dict], greedy: bool = True) -> str:
+def markdown_table(rows: Sequence[dict], checked: bool = True) -> str:
+    """`checked`: the run held methods to plain's tokens (greedy, or sampling with a seed)."""
     head = ["category", "method", "gens", "tokens", "tok/s median", "tok/s total", "× plain", "× plain (median)",
-            "× hf-plain", "× llama.cpp", "accepted/fwd", "α", "greedy = plain"]
+            "× hf-plain", "× llama.cpp", "accepted/fwd", "α", "tokens = plain"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["--:"] * (len(head) - 3) + [":-:"]) + "|"]
     for r in rows:
         cells = [r["category"], r["method"], str(r["generations"]), str(r["new_tokens"]),
@@ -110,7 +112,7 @@ def markdown_table(rows: Sequence[dict], greedy: bool = True) -> str:
                  _x(r["speedup_vs_plain"]),
                  _x(r.get("speedup_vs_plain_median")),
                  _x(r["speedup_vs_hf_plain"]), _x(r.get("speedup_vs_llamacpp_plain")),
-                 _f(r["mean_accepted"], ".2f"), _f(r["acceptance_rate"], ".2f"), greedy_cell(r, greedy)]
+                 _f(r["mean_accepted"], ".2f"), _f(r["acceptance_rate"], ".2f"), greedy_cell(r, checked)]
         if r["category"] == ALL:
             cells[:2] = [f"**{cells[0]}**", f"**{cells[1]}**"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -210,18 +212,18 @@ def results_markdown(rows: Sequence[dict], meta: dict) -> str:
         + (f", attention {meta['attention']}" if meta.get("attention") else "") + f"; prompts: {meta['prompts']} ({meta['n_prompts']} prompts, "
         f"{meta['n_turns']} turns, limit {s['limit'] or 'none'} per category)",
         f"- decoding: " + ("greedy" if greedy else f"temperature {s['temperature']}, top-p {s['top_p']}, "
-                                                   f"seed {s['seed']}")
+                                                   f"top-k {s.get('top_k', 0)}, min-p {s.get('min_p', 0.0)}, seed {s['seed']}")
         + f", max new tokens {s['max_new_tokens']}, k {s['k']}",
         "- speedups are ratios of total wall time (prefill included) on the same prompts; '× plain (median)' "
         "is the median of per-turn ratios; every method had one untimed warm-up and methods ran interleaved "
         "per prompt",
         "",
-        markdown_table(rows, greedy),
+        markdown_table(rows, greedy or s["seed"] is not None),
         "",
     ]
     mism = meta.get("mismatches") or []
     if mism:
-        lines += ["## Greedy mismatches", ""] + [f"- {x}" for x in mism] + [""]
+        lines += ["## Mismatches with plain decoding", ""] + [f"- {x}" for x in mism] + [""]
     return "\n".join(lines)
 
 
@@ -229,8 +231,8 @@ OUTPUTS = ("results.md", "results.json", "speedup.png")
 
 
 def check_out(out: str | Path) -> Path:
-    """Fail now, not after the benchmark, when `out` cannot take the results: it must be a folder (or
-    not exist yet, under a writable folder), and the result files in it must not be folders."""
+    """Fail now, not after the benchmark, when `out` cannot take the results: it must be a folder (made
+    here when missing) that takes a file, and the result files in it must not be folders."""
     from specdec.errors import SpecdecError
 
     out = Path(out).expanduser()
@@ -242,8 +244,13 @@ def check_out(out: str | Path) -> Path:
     parent = next((p for p in [out, *out.parents] if p.exists()), Path("."))
     if not parent.is_dir():
         raise SpecdecError(f"--out {out}: {parent} is a file, not a folder: choose another --out")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise SpecdecError(f"--out {out}: {parent} is not writable: choose another --out")
+    try:  # what writing the results will do (os.access says yes to root on a read-only mount, or in /proc)
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".specdec-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise SpecdecError(f"--out {out}: cannot write there ({e.strerror or e}): choose another --out") from None
     return out
 
 

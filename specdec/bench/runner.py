@@ -49,6 +49,8 @@ class BenchSettings:
     max_new_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
     k: int | str = "auto"
     seed: int | None = 0
     warmup_tokens: int = 8
@@ -57,6 +59,11 @@ class BenchSettings:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0
+
+    @property
+    def checks_tokens(self) -> bool:
+        """Greedy, or sampling with a seed: deterministic drafts then give plain's tokens (`sampling.Draws`)."""
+        return self.greedy or self.seed is not None
 
 
 def available_methods() -> tuple[str, ...]:
@@ -120,10 +127,18 @@ class OurMethod:
             self.llm.tree, self.llm._medusa, self.llm._eagle = tree, None, None
         self.kwargs = dict(settings.method_kwargs.get(self.method, {}))
 
+    def plain_tokens(self) -> bool:
+        """Held to plain's tokens: under greedy every method, under seeded sampling those whose drafts are
+        deterministic (no q of their own: `sampling.Draws`)."""
+        if not self.checked:
+            return False
+        drafter = None if self.settings.greedy else self.llm.drafter(self.method)
+        return drafter is None or drafter.deterministic
+
     def generate(self, ids: Sequence[int], max_new_tokens: int | None = None) -> dict:
         s = self.settings
         kw = dict(max_new_tokens=max_new_tokens or s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-                  seed=s.seed, method=self.method, k=s.k)
+                  top_k=s.top_k, min_p=s.min_p, seed=s.seed, method=self.method, k=s.k)
         kw.update(self.kwargs)
         t0 = time.perf_counter()
         r = self.llm.generate(list(ids), **kw)
@@ -153,7 +168,7 @@ class HFMethod:
         if s.greedy:
             kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         else:
-            kw.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=0)
+            kw.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p or None)
             if s.seed is not None:
                 torch.manual_seed(s.seed)
         t0 = time.perf_counter()
@@ -206,15 +221,18 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def explain_mismatch(llm, prompt_ids: Sequence[int], ref: Sequence[int], other: Sequence[int]) -> dict | None:
-    """None when equal; else where they first differ and the target's logit margin there
+def explain_mismatch(llm, prompt_ids: Sequence[int], ref: Sequence[int], other: Sequence[int],
+                     greedy: bool = True) -> dict | None:
+    """None when equal; else where they first differ and, under greedy, the target's logit margin there
     (plain's token minus the other's, computed by our model in the benchmark dtype)."""
     i = first_difference(ref, other)
     if i is None:
         return None
     info = dict(position=i, plain_token=ref[i] if i < len(ref) else None,
-                token=other[i] if i < len(other) else None, margin=None, near_tie=False)
-    if info["plain_token"] is not None and info["token"] is not None:
+                token=other[i] if i < len(other) else None, margin=None, near_tie=False, sampled=not greedy)
+    if not greedy and None not in (info["plain_token"], info["token"]):
+        info["plain_piece"], info["piece"] = llm.tokenizer.decode([ref[i]]), llm.tokenizer.decode([other[i]])
+    elif info["plain_token"] is not None and info["token"] is not None:
         ctx = list(prompt_ids) + list(ref[:i])
         cache = llm.model.new_cache(len(ctx))
         logits = llm.model(torch.tensor([ctx]), cache, last_only=True).logits[0, -1]
@@ -229,6 +247,10 @@ def explain_mismatch(llm, prompt_ids: Sequence[int], ref: Sequence[int], other: 
 def describe_mismatch(rec: dict) -> str:
     m = rec["mismatch"]
     where = f"{rec['category']}/{rec['id']} turn {rec['turn']}"
+    if m.get("sampled") and "piece" in m:
+        return (f"SEEDED MISMATCH {rec['method']} vs plain on {where}: first difference at new token {m['position']} "
+                f"(plain {m['plain_piece']!r}, {rec['method']} {m['piece']!r}): a deterministic draft must give plain's "
+                "tokens under a seed (a bug on the exact CPU paths; elsewhere a draw within rounding of a boundary)")
     if m["margin"] is None:
         return (f"GREEDY MISMATCH {rec['method']} vs plain on {where}: lengths differ from new token "
                 f"{m['position']} on (a bug)")
@@ -274,13 +296,14 @@ def run_bench(llm, prompts: Sequence[BenchPrompt], runners: Sequence, settings: 
                     rec.update(category=p.category, id=p.id, turn=t, hf=r.hf, mismatch=None)
                     turn.append(rec)
                     bar.update()
-                if settings.greedy:
+                if settings.checks_tokens:
                     ref = turn[0]["token_ids"]
                     for r, rec in zip(runners[1:], turn[1:]):
-                        if not getattr(r, "checked", True) or (rec["hf"] and not isinstance(llm.dtype, torch.dtype)):
-                            rec["checked"] = False  # another engine or other weights (HF bf16 against our q8/q4)
-                            continue
-                        rec["mismatch"] = explain_mismatch(llm, ids, ref, rec["token_ids"])
+                        if (not getattr(r, "checked", True) or (rec["hf"] and not isinstance(llm.dtype, torch.dtype))
+                                or not (settings.greedy or (not rec["hf"] and r.plain_tokens()))):
+                            rec["checked"] = False  # another engine, other weights (HF bf16 against our q8/q4),
+                            continue                # or sampling from a draft's own q
+                        rec["mismatch"] = explain_mismatch(llm, ids, ref, rec["token_ids"], settings.greedy)
                         if rec["mismatch"]:
                             say(describe_mismatch(rec))
                 records.extend(turn)

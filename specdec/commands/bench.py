@@ -26,7 +26,8 @@ def register(sub) -> None:
             "then for each prompt all methods run back to back), and report per method x category: "
             "tokens/s (median and total), speedup over our plain decoding (ratio of total wall time on the "
             "same prompts; plain is always included), mean accepted length (new tokens per target forward), "
-            "acceptance rate alpha, and, when greedy, whether every method's tokens equal plain's. "
+            "acceptance rate alpha, and whether every method's tokens equal plain's (greedy: all of them; sampling "
+            "with a seed: those whose drafts are deterministic, which then give plain sampling's tokens). "
             "Multi-turn prompts run turn after turn, each turn's chat holding the earlier questions and plain "
             "decoding's answers. With --compare-hf, transformers' generate runs on the same prompt ids and "
             "weights as hf-plain, hf-assisted (with --draft) and hf-prompt-lookup, and every speedup is also "
@@ -59,9 +60,13 @@ def register(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
                    help="token limit per generation, i.e. per turn (default 128)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                   help="0 = greedy, the default (then every method's tokens are checked against plain's)")
+                   help="0 = greedy, the default (then every method's tokens are checked against plain's; under "
+                        "sampling, those of the methods with deterministic drafts)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P",
                    help="nucleus mass in (0, 1] (default 1 = off)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K likeliest tokens (default 0 = off)")
+    p.add_argument("--min-p", type=float, default=0.0, metavar="P",
+                   help="drop tokens below P x the likeliest one's probability (default 0 = off)")
     p.add_argument("--seed", type=int, default=0, help="random seed for sampling, ours and HF's (default 0)")
     p.add_argument("--dtype", default="auto", choices=DTYPES,
                    help=DTYPE_HELP + "; HF runs the same weights in the same dtype (bf16 for q8/q4)")
@@ -112,6 +117,8 @@ def command_line(args) -> str:
         parts += ["--limit", str(args.limit)]
     parts += ["--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
               "--top-p", str(args.top_p), "--seed", str(args.seed), "--dtype", args.dtype, "--k", str(args.k)]
+    if args.top_k or args.min_p:
+        parts += ["--top-k", str(args.top_k), "--min-p", str(args.min_p)]
     if args.kv_dtype != "auto":
         parts += ["--kv-dtype", args.kv_dtype]
     if args.device != "cpu":
@@ -139,7 +146,7 @@ def run(args) -> int:
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be at least 1, got {args.limit}")
     GenerationOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                      seed=args.seed, k=args.k)  # the same checks as generate, before anything loads
+                      top_k=args.top_k, min_p=args.min_p, seed=args.seed, k=args.k)  # the same checks as generate, before anything loads
     if args.compare_llamacpp and args.temperature > 0:
         raise ValueError("--compare-llamacpp runs greedy only: drop --temperature")
     if args.device != "cpu" and (args.compare_hf or args.compare_llamacpp):
@@ -150,7 +157,8 @@ def run(args) -> int:
     if bad:
         raise ValueError(f"--plain-dtypes {','.join(bad)}: choose from {', '.join(DTYPES)}")
     for method in methods:
-        check_setup(draft=args.draft, sources=args.sources, lookahead=lookahead_arg(args), method=method.split("@")[0])
+        check_setup(draft=args.draft, sources=args.sources, lookahead=lookahead_arg(args), method=method.split("@")[0],
+                    tree=args.tree, tree_nodes=args.tree_nodes)
     report.check_out(args.out)
     cats = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     prompts = P.load_prompts(args.prompts, cats, args.limit)
@@ -166,7 +174,7 @@ def run(args) -> int:
               sources=args.sources, lookahead=lookahead_arg(args), **medusa_kwargs(args))
     dtype = str(llm.dtype).replace("torch.", "")
     settings = runner.BenchSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                    top_p=args.top_p, k=args.k, seed=args.seed)
+                                    top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, k=args.k, seed=args.seed)
     runners = runner.our_methods(llm, methods, settings)
     for d in plain_dtypes:
         other = LLM(args.model, dtype=d, device=args.device)
@@ -174,6 +182,10 @@ def run(args) -> int:
             raise ValueError(f"--plain-dtypes {d}: that is the benchmark's own dtype ({dtype}); name another")
         runners.append(runner.OurMethod(other, "plain", settings, name=f"plain-{d}", checked=False))
     if args.compare_hf:
+        if not args.progress:  # transformers' own bars too ("Loading weights")
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
         runners += runner.hf_methods(llm, settings, args.draft)
     if args.compare_llamacpp:
         from specdec.bench.llamacpp import llamacpp_methods
@@ -200,13 +212,13 @@ def run(args) -> int:
                 n_prompts=len(prompts), n_turns=sum(len(p.turns) for p in prompts),
                 methods=[r.name for r in runners],
                 settings=dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                              seed=args.seed, k=args.k, limit=args.limit, categories=cats,
+                              top_k=args.top_k, min_p=args.min_p, seed=args.seed, k=args.k, limit=args.limit, categories=cats,
                               method_kwargs=settings.method_kwargs, hf_prompt_lookup_num_tokens=(
                                   runner.HF_PROMPT_LOOKUP_TOKENS if args.compare_hf else None)),
                 mismatches=mismatches)
     paths = report.write_outputs(args.out, records, rows, meta)
-    print(report.markdown_table(rows, settings.greedy))
+    print(report.markdown_table(rows, settings.checks_tokens))
     if mismatches:
-        print(f"\n{len(mismatches)} greedy mismatch(es) against plain decoding (see results.md)", file=sys.stderr)
+        print(f"\n{len(mismatches)} mismatch(es) against plain decoding's tokens (see results.md)", file=sys.stderr)
     print(f"wrote {paths['md']}, {paths['json']}, {paths['png']}", file=sys.stderr)
     return 0

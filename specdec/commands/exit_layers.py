@@ -63,7 +63,8 @@ def register(sub) -> None:
     p.add_argument("--prompts", action="append", default=[], metavar="FILE",
                    help="prompts file (Spec-Bench or HumanEvalFix jsonl, or text lines); repeatable "
                         "(default: three built-in prompts)")
-    p.add_argument("--limit", type=int, default=3, help="prompts per file (default 3)")
+    p.add_argument("--limit", type=int, default=3,
+                   help="prompts per file, or of the built-in ones (default 3, all three built-in)")
     p.add_argument("--no-reuse", dest="reuse", action="store_false",
                    help="verify with the plain forward (no LayerSkip KV reuse)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -79,7 +80,9 @@ def run(args) -> int:
             layers = [int(x) for x in args.layers.split(",") if x.strip()]
         except ValueError:
             raise ValueError(f"--layers must be comma-separated integers, got {args.layers!r}") from None
-    prompts = [t for f in args.prompts for t in read_prompts(f, args.limit)] or list(DEFAULT_PROMPTS)
+    if args.limit < 1:
+        raise ValueError(f"--limit must be at least 1, got {args.limit}")
+    prompts = [t for f in args.prompts for t in read_prompts(f, args.limit)] or list(DEFAULT_PROMPTS)[:args.limit]
     llm = LLM(args.model, dtype=args.dtype, device=args.device, kv_dtype=args.kv_dtype)
     say = None if args.json else (lambda s: print(f"  {s}", file=sys.stderr, flush=True))
     report = measure_exit_layers(llm, prompts, layers, k=args.k, max_new_tokens=args.max_new_tokens,

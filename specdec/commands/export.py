@@ -39,13 +39,22 @@ def run_eagle(args) -> int:
     from specdec.runtime.config import ModelConfig
     from specdec.store import resolve
 
+    from pathlib import Path
+
+    out = Path(args.out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise SpecdecError(f"--out {out} is a file, not a folder: choose a folder for config.json and model.safetensors")
+    again = (out / "config.json").exists()
     folder = resolve(args.model, pull=True)
     head = find_head(args.model, folder, ModelConfig.from_folder(folder), args.heads)
     if len(head.cfg.aux_layers) != 3:
         raise SpecdecError(f"this is an EAGLE-{head.cfg.version} head fusing {len(head.cfg.aux_layers)} layer(s); "
                            "vLLM and SGLang load EAGLE-3 heads (3 layers): train one with "
                            f"`specdec train eagle --model {args.model} --version 3`")
-    out = head.save(args.out)
+    try:
+        out = head.save(out)
+    except OSError as e:
+        raise SpecdecError(f"--out {out}: cannot write there ({e.strerror or e}): choose another folder") from None
     print(f"wrote {out}/config.json and model.safetensors (EAGLE-3, aux layers {list(head.cfg.aux_layers)}, "
-          f"draft vocabulary {head.cfg.draft_vocab_size})")
+          f"draft vocabulary {head.cfg.draft_vocab_size})" + (", replacing the export that was there" if again else ""))
     return 0

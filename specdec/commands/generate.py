@@ -179,7 +179,7 @@ def run(args) -> int:
                   posterior_threshold=args.posterior_threshold, posterior_alpha=args.posterior_alpha)
     GenerationOptions(**kwargs)
     setup = dict(draft=args.draft, exit_layer=args.exit_layer, sources=args.sources, lookahead=lookahead_arg(args))
-    check_setup(**setup, method=args.method)
+    check_setup(**setup, method=args.method, tree=args.tree, tree_nodes=args.tree_nodes)
     prompt = read_prompt(args.prompt)
 
     from specdec.api import LLM
@@ -192,7 +192,6 @@ def run(args) -> int:
         result = chunk.result or result
     if args.json:
         out = result.to_dict()
-        out.pop("token_ids")
         rounds = out.pop("rounds")
         out["drafted_per_round"] = [r["drafted"] for r in rounds]   # tree size (a chain's length)
         out["accepted_per_round"] = [r["accepted"] for r in rounds]  # accepted depth

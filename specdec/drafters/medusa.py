@@ -46,6 +46,7 @@ from torch import nn
 
 from specdec.draft import Draft
 from specdec.drafters.base import Context, Drafter
+from specdec.options import OptionError
 from specdec.runtime.model import Linear
 
 KIND = "medusa"
@@ -114,12 +115,12 @@ def check_paths(paths, heads: int, ranks: int) -> list[tuple[int, ...]]:
     out = [tuple(int(r) for r in p) for p in paths]
     have = set(out)
     if not out or len(have) != len(out):
-        raise ValueError("a tree is a non-empty list of distinct paths, e.g. [[0], [1], [0, 0]]")
+        raise OptionError("a tree is a non-empty list of distinct paths, e.g. [[0], [1], [0, 0]]")
     for p in out:
         if not p or len(p) > heads or min(p) < 0 or max(p) >= ranks:
-            raise ValueError(f"tree path {list(p)}: needs 1..{heads} ranks, each in [0, {ranks})")
+            raise OptionError(f"tree path {list(p)}: needs 1..{heads} ranks, each in [0, {ranks})")
         if len(p) > 1 and p[:-1] not in have:
-            raise ValueError(f"tree path {list(p)} has no parent path {list(p[:-1])}")
+            raise OptionError(f"tree path {list(p)} has no parent path {list(p[:-1])}")
     return out
 
 
@@ -128,7 +129,7 @@ def read_tree(file: str | Path, heads: int, ranks: int) -> list[tuple[int, ...]]
     try:
         paths = json.loads(Path(file).read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"--tree {file}: not a readable JSON list of paths ({e})") from None
+        raise OptionError(f"--tree {file}: not a readable JSON list of paths ({e})") from None
     return check_paths(paths, heads, ranks)
 
 
@@ -217,7 +218,7 @@ def build(llm, heads_dir: str | None = None, tree: str = "auto", tree_nodes: int
     lm_rows = lm_head_rows(llm.model, vocab)
     acc = config["val_accuracy"]["after_hits"]  # acc[i][r]: head i's rank r, after heads 0 .. i-1 were right
     if tree_nodes is not None and tree_nodes < 1:
-        raise ValueError(f"--tree-nodes must be at least 1, got {tree_nodes}")
+        raise OptionError(f"--tree-nodes must be at least 1, got {tree_nodes}")
     if tree == "chain":
         paths = chain(min(k, tree_nodes or k))
     elif tree == "auto":

@@ -335,6 +335,8 @@ def resolve(name_or_path: str | os.PathLike, *, pull: bool = False, progress: bo
     - an existing folder with config.json: returned as is (an error if it has no safetensors);
     - a path ending in .gguf: converted once into the cache, and that folder returned;
     - anything else: an error listing the known names and the accepted path forms."""
+    if not isinstance(name_or_path, (str, os.PathLike)) or not os.fspath(name_or_path).strip():
+        raise SpecdecError(f"model must be a model name or a path, got {name_or_path!r}; known models: {_known_names()}")
     s = os.fspath(name_or_path)
     if s in KNOWN_MODELS or s.lower() in KNOWN_MODELS:
         spec = _spec(s)
@@ -356,6 +358,11 @@ def resolve(name_or_path: str | os.PathLike, *, pull: bool = False, progress: bo
         if not p.is_file():
             raise SpecdecError(f"no such GGUF file: {p}")
         return _convert_local_gguf(p, progress=progress)
-    what = f"no such file or folder: {s!r}" if (os.sep in s or s.startswith((".", "~"))) else f"unknown model {s!r}"
+    if p.is_file():
+        what = f"{s!r} is a file but not a model (a .gguf file, or a folder with config.json and *.safetensors)"
+    elif os.sep in s or s.startswith((".", "~")):
+        what = f"no such file or folder: {s!r}"
+    else:
+        what = f"unknown model {s!r}"
     raise SpecdecError(f"{what}; known models: {_known_names()}; or give a local Hugging Face model "
                        "folder (config.json + *.safetensors) or a path to a .gguf file")
