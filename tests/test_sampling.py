@@ -179,3 +179,26 @@ def test_sample_rejects_invalid_rows():
     for bad in (torch.tensor([0.5, -0.1, 0.6]), torch.zeros(3), torch.tensor([float("nan"), 1.0])):
         with pytest.raises(ValueError, match="probs"):
             sample(bad, g)
+
+
+def test_the_c_sampler_draws_what_torchs_inverse_cdf_draws():
+    """`ops.sample_rows` (fp32 CPU rows) and the torch route (here forced by float64 rows) draw the same token at
+    the same uniform, up to float64 rounding at a boundary (never met in these draws): zero-mass tokens, rows
+    that do not sum to 1, vocabularies off the block size, u at 0 and just below 1."""
+    from specdec.runtime.kernels import ops
+
+    if not ops.available():
+        pytest.skip("the ops library is unavailable (no C compiler, no AVX2, or SPECDEC_KERNEL=0)")
+    gen = torch.Generator().manual_seed(0)
+    for vocab in (1, 7, 64, 65, 1000, 49152):
+        p = torch.softmax(torch.randn(40, vocab, generator=gen) * 3, -1)
+        p[p < 1e-4] = 0  # zero-mass tokens, mass off 1
+        p[:, 0] = 0.0 if vocab > 1 else 1.0
+        u = torch.rand(40, generator=gen, dtype=torch.float64)
+        u[0], u[1] = 0.0, 1 - 2 ** -53
+        c = sample(p, u=u)
+        assert torch.equal(c, sample(p.double(), u=u)), vocab
+        assert bool((p.gather(1, c[:, None]) > 0).all())
+    assert sample(torch.tensor([0.0, 0.0, 3.0, 0.0]), u=torch.tensor([0.999999])).tolist() == 2
+    with pytest.raises(ValueError, match="probs"):
+        sample(torch.tensor([[0.5, float("inf")]]), u=torch.tensor([0.5]))
