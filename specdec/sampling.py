@@ -101,10 +101,13 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         return torch.zeros_like(x).scatter_(-1, x.argmax(-1, keepdim=True), 1.0)
 
     t = max(params.temperature, TINY)  # <= 0 after the shift: no overflow however small T is
-    x = (x - x.amax(-1, keepdim=True)) / t
+    top = x.amax(-1, keepdim=True)  # NaN where a row has one: a finite top leaves every row a distribution
+    if not bool(torch.isfinite(top).all()):  # (the filters below keep each row's top token)
+        raise ValueError("logits give no valid distribution (NaN, +inf, or a row that is all -inf)")
+    x = (x - top) / t
     vocab = x.shape[-1]
     if 0 < params.top_k < vocab:
-        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        kth = ops.kth_largest(x, params.top_k)  # [..., 1]
         x = x.masked_fill(x < kth, -math.inf)
     if params.top_p < 1.0:
         x = _nucleus(x, params.top_p)
@@ -112,10 +115,7 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         probs = torch.softmax(x, dim=-1)
         floor = probs.amax(-1, keepdim=True) * params.min_p
         x = x.masked_fill(probs < floor, -math.inf)
-    p = torch.softmax(x, dim=-1)
-    if not bool(torch.isfinite(p).all()):
-        raise ValueError("logits give no valid distribution (NaN, +inf, or a row that is all -inf)")
-    return p
+    return torch.softmax(x, dim=-1)
 
 
 _MASK = (1 << 64) - 1

@@ -202,3 +202,16 @@ def test_the_c_sampler_draws_what_torchs_inverse_cdf_draws():
     assert sample(torch.tensor([0.0, 0.0, 3.0, 0.0]), u=torch.tensor([0.999999])).tolist() == 2
     with pytest.raises(ValueError, match="probs"):
         sample(torch.tensor([[0.5, float("inf")]]), u=torch.tensor([0.5]))
+
+
+def test_top_ks_threshold_in_c_is_torchs():
+    """`ops.kth_largest` gives torch.topk's k-th value, duplicates counted (ties at the edge), any k."""
+    from specdec.runtime.kernels import ops
+
+    if not ops.available():
+        pytest.skip("the ops library is unavailable (no C compiler, no AVX2, or SPECDEC_KERNEL=0)")
+    gen = torch.Generator().manual_seed(1)
+    for vocab, k in [(1, 1), (9, 3), (64, 64), (1000, 50), (49152, 1), (49152, 50), (151936, 400)]:
+        x = torch.randn(3, vocab, generator=gen).round(decimals=1)  # many ties
+        x[0, : vocab // 2] = -math.inf
+        assert torch.equal(ops.kth_largest(x, k), torch.topk(x, k, dim=-1).values[:, -1:]), (vocab, k)
