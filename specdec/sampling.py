@@ -178,7 +178,8 @@ def make_generator(seed: int | None) -> torch.Generator:
     return g
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None, u: torch.Tensor | None = None) -> torch.Tensor:
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None,
+           u: torch.Tensor | None = None) -> torch.Tensor:
     """Draw one token per row: probs [..., V] -> LongTensor [...], on probs' device.
 
     Inverse-CDF sampling: one uniform per row (`u` [...] float64 when given, else from `generator`,

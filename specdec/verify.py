@@ -14,7 +14,7 @@ exact    Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): accept 
          from p. Trees use multi-candidate speculative sampling (SpecInfer, Miao et al. 2024;
          as in EAGLE): siblings are tried in order against the running residual, which stays
          exact when siblings are independent draws from their q rows.
-         A deterministic draft (q = None: prompt lookup, recycling, lookahead, greedy heads) is
+         A deterministic draft (q = None: prompt lookup, recycling, lookahead, Medusa, EAGLE's trees) is
          q one-hot on the drafted token: x is accepted with probability p(x) and the residual is
          p with x removed (distinct siblings: the mass of each in turn). That law is drawn here
          as the target's own sample at each position, the inverse CDF of its row at the
@@ -168,7 +168,8 @@ def rejection_sample(
         while n < k and draws.uniform(position + n, 1) < acceptance_probability(p_x[n], q_x[n]):
             n += 1
     if n < k:
-        last = sample(residual_distribution(p[n], q[n], int(tokens[n])), u=draws.uniforms(position + n, 1, Draws.RESIDUAL))
+        residual = residual_distribution(p[n], q[n], int(tokens[n]))
+        last = sample(residual, u=draws.uniforms(position + n, 1, Draws.RESIDUAL))
     else:
         last = sample(p[k], u=draws.uniforms(position + k, 1))
     return n, torch.cat([tokens[:n], last.cpu().view(1)])
@@ -273,8 +274,9 @@ def verify(
     mode "exact" (default, lossless), "greedy" (argmax rule; p may then be logits, and is not
     checked as a distribution) or "typical" (Medusa, LOSSY). Row 0 of p is the target at the
     root, row j+1 the target right after draft node j. `generator`: the request's Draws with
-    `position` the index of the token row 0 draws (the context's length), so a node at depth d
-    draws position + d + 1; or a torch generator (None: torch's global one) for fresh draws.
+    `position` the index of the token row 0 draws (the context's length), so the row after a node d
+    levels below the root draws position + d; or a torch generator (None: torch's global one) for
+    fresh draws.
     validate=False skips the distribution check of p and q (shapes are always checked)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -326,7 +328,7 @@ def _walk_tree(draft: Draft, p: torch.Tensor, draws: Draws | None, position: int
                mode: str) -> tuple[list[int], torch.Tensor]:
     """Greedy or exact verification of a tree, one level at a time: the child equal to the target's
     argmax (greedy) or own draw (a deterministic draft), or multi-candidate speculative sampling
-    against q (module docstring); depth d's row draws position + d."""
+    against q (module docstring); the row after a node d levels below the root draws position + d."""
     kids = children(draft.parents)
     tokens = draft.tokens.tolist()
     q = draft.q

@@ -116,4 +116,3 @@ def run(args) -> int:
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled, once it has shut down (as uvicorn.run)
         pass
     return 0
-

@@ -54,7 +54,8 @@ CHAT_MAX_TOKENS = 512  # a chat request without max_tokens: up to this many, wit
 # OpenAI fields this server does not support, with the values that ask for nothing (accepted and dropped)
 NEUTRAL = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
            "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}),
-           "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
+           "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"),
+           "response_format": (None, {"type": "text"})}
 
 
 def _neutral(value, allowed) -> bool:
@@ -156,7 +157,8 @@ class KeyCheck:
             given = dict(scope["headers"]).get(b"authorization", b"")
             scheme, _, token = given.partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
-                return await error(401, "missing or wrong API key: send 'Authorization: Bearer KEY'")(scope, receive, send)
+                refusal = error(401, "missing or wrong API key: send 'Authorization: Bearer KEY'")
+                return await refusal(scope, receive, send)
         await self.app(scope, receive, send)
 
 
@@ -202,12 +204,16 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
             return error(400, "the body is not valid JSON", None)
         if not where and first.get("type") in ("model_attributes_type", "dict_type"):
             return error(400, "the body must be a JSON object, sent with 'Content-Type: application/json'", None)
-        hint = next((f" ({where[0]} is {HINTS[where[0]]})" for _ in [0] if where and where[0] in HINTS), "")
+        hint = f" ({where[0]} is {HINTS[where[0]]})" if where and where[0] in HINTS else ""
         return error(400, f"{param or 'body'}: {first.get('msg')}{hint}", param)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, exc: HTTPException):
         return error(exc.status_code, str(exc.detail))
+
+    def unknown(name: str) -> Refused:
+        return Refused(f"model {name!r} is not served here; this server runs {model_name!r}", "model",
+                       "model_not_found", 404)
 
     def text_of(text: str, param: str) -> str:
         """`text`, or Refused: not valid Unicode (a lone surrogate), or longer than any tokenization could fit."""
@@ -245,8 +251,7 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
         """Check the body and tokenize (`prepare(body) -> Job`, in a worker thread), submit, then answer."""
         try:
             if body.model != model_name:
-                raise Refused(f"model {body.model!r} is not served here; this server runs {model_name!r}", "model",
-                              "model_not_found", 404)
+                raise unknown(body.model)
             if body.stream_options is not None and not body.stream:
                 raise Refused("stream_options is only allowed when stream is true", "stream_options")
             job = await asyncio.to_thread(prepare, body)
@@ -362,8 +367,8 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
     @app.get("/v1/models/{name:path}")
     async def model(name: str):
         if name != model_name:
-            return error(404, f"model {name!r} is not served here; this server runs {model_name!r}", "model",
-                         "model_not_found")
+            e = unknown(name)
+            return error(e.status, str(e), e.param, e.code)
         return card
 
     @app.get("/health")
