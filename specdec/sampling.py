@@ -218,17 +218,19 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None,
 
 def _nucleus(x: torch.Tensor, top_p: float) -> torch.Tensor:
     """Mask all but the smallest set of tokens whose probability reaches top_p (plus any
-    tokens tied with the last one kept). Looks at the top 1024 first; sorts fully only when
-    the nucleus is wider than that."""
+    tokens tied with the last one kept). Looks at the top 64 first, then 1024, and sorts fully only
+    when the nucleus is wider than that: the 1.5B's nuclei at top-p 0.95 and T 1 held 2 tokens
+    (median) and 29 at most over 97 positions of an answer, and torch's top 64 of 151936 takes
+    0.27 ms where its top 1024 takes 0.71."""
     probs = torch.softmax(x, dim=-1)
     vocab = probs.shape[-1]
-    width = min(vocab, 1024)
+    width = min(vocab, 64)
     while True:
         top = torch.topk(probs, width, dim=-1, sorted=True).values  # [..., width]
         cum = top.double().cumsum(-1)
         if width == vocab or bool((cum[..., -1] >= top_p).all()):
             break
-        width = vocab
+        width = min(vocab, 16 * width)
     keep = (cum - top.double()) < top_p  # mass before each sorted token; the top one is always kept
     n_keep = keep.sum(-1, keepdim=True)  # [..., 1]
     threshold = top.gather(-1, n_keep - 1)  # probability of the last token kept

@@ -45,15 +45,17 @@ def test_top_p_is_the_smallest_nucleus():
     assert p.tolist() == [1, 0, 0, 0]
 
 
-def test_top_p_wide_nucleus_takes_the_full_sort():
+@pytest.mark.parametrize("scale, least, most", [(0.1, 1025, 3000), (2.5, 65, 1024), (6.0, 1, 64)])
+def test_top_p_nucleus_of_any_width_is_the_full_sorts(scale, least, most):
+    """The nucleus is looked for in the top 64, then 1024, then the full sort: each width gives the full sort's."""
     torch.manual_seed(0)
-    logits = torch.randn(3, 3000) * 0.1  # flat: the nucleus is wider than the 1024 fast path
+    logits = torch.randn(3, 3000) * scale
     p = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=0.9))
     ref = torch.softmax(logits, -1)
     for row, r in zip(p, ref):
         s, _ = torch.sort(r, descending=True)
         n = int(((s.double().cumsum(0) - s.double()) < 0.9).sum())
-        assert n > 1024 and int((row > 0).sum()) == n
+        assert least <= n <= most and int((row > 0).sum()) == n
 
 
 def test_min_p():
