@@ -23,3 +23,4 @@ for r in 1 2 3; do
   grep "| code_edit" /tmp/ab-new-$r/results.md | cut -d'|' -f3,7,8,12 | tr '\n' ' '; echo " <- new $r"
 done | tee $B/sampling-ab-smollm2.txt
 git worktree remove --force /tmp/s27-base
+.venv/bin/specdec serve --model smollm2-135m --port 8765 & sleep 20; .venv/bin/python benchmarks/s27/seeded_server.py | tee $B/seeded-server.txt; kill -INT %1
