@@ -24,3 +24,4 @@ for r in 1 2 3; do
 done | tee $B/sampling-ab-smollm2.txt
 git worktree remove --force /tmp/s27-base
 .venv/bin/specdec serve --model smollm2-135m --port 8765 & sleep 20; .venv/bin/python benchmarks/s27/seeded_server.py | tee $B/seeded-server.txt; kill -INT %1
+.venv/bin/python benchmarks/s27/eagle_chain_ab.py | tee $B/eagle-chain-ab.txt  # EAGLE's chain under sampling: drawn from q vs top-1
