@@ -195,6 +195,8 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None,
     rows = probs.reshape(-1, vocab)
     if u is None:
         u = torch.rand(rows.shape[0], generator=generator, dtype=torch.float64)
+    elif u.numel() != rows.shape[0]:
+        raise ValueError(f"u must hold one uniform per row of probs ({rows.shape[0]}), got {u.numel()}")
     drawn = ops.sample_rows(rows, u.reshape(-1))
     if drawn is not None:
         if bool((drawn < 0).any()):
@@ -218,8 +220,8 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None,
 
 def _nucleus(x: torch.Tensor, top_p: float) -> torch.Tensor:
     """Mask all but the smallest set of tokens whose probability reaches top_p (plus any
-    tokens tied with the last one kept). Looks at the top 64 first, then 1024, and sorts fully only
-    when the nucleus is wider than that: the 1.5B's nuclei at top-p 0.95 and T 1 held 2 tokens
+    tokens tied with the last one kept). Looks at the top 64 first, widening 16 times while the
+    nucleus is wider, up to the full sort: the 1.5B's nuclei at top-p 0.95 and T 1 held 2 tokens
     (median) and 29 at most over 97 positions of an answer, and torch's top 64 of 151936 takes
     0.27 ms where its top 1024 takes 0.71."""
     probs = torch.softmax(x, dim=-1)

@@ -202,6 +202,8 @@ def test_the_c_sampler_draws_what_torchs_inverse_cdf_draws():
         assert torch.equal(c, sample(p.double(), u=u)), vocab
         assert bool((p.gather(1, c[:, None]) > 0).all())
     assert sample(torch.tensor([0.0, 0.0, 3.0, 0.0]), u=torch.tensor([0.999999])).tolist() == 2
+    with pytest.raises(ValueError, match="one uniform per row"):  # not a read past the end of u
+        sample(torch.rand(2, 5), u=torch.rand(1, dtype=torch.float64))
     with pytest.raises(ValueError, match="probs"):
         sample(torch.tensor([[0.5, float("inf")]]), u=torch.tensor([0.5]))
 

@@ -189,7 +189,7 @@ def test_openai_error_codes_and_neutral_fields(tiny, client, live):
         client.models.retrieve("gpt-4")
 
 
-def test_chat_reads_developer_as_system_and_refuses_names(tiny, live):
+def test_chat_reads_developer_as_system_and_takes_names(tiny, live):
     folder, _, tok = tiny
     usage = {}
     for role in ("system", "developer"):
@@ -197,9 +197,8 @@ def test_chat_reads_developer_as_system_and_refuses_names(tiny, live):
                 "messages": [{"role": role, "content": "Be brief."}, {"role": "user", "content": "hi"}]}
         usage[role] = httpx.post(live.url + "/v1/chat/completions", json=body).json()["usage"]["prompt_tokens"]
     assert usage["developer"] == usage["system"]
-    body["messages"][1]["name"] = "bob"  # would be dropped silently: refused
-    r = httpx.post(live.url + "/v1/chat/completions", json=body)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.1.name"
+    body["messages"][1]["name"] = "bob"  # OpenAI's field: to the chat template
+    assert httpx.post(live.url + "/v1/chat/completions", json=body).status_code == 200
 
 
 def test_malformed_json_and_unknown_paths(live):

@@ -16,7 +16,8 @@ request). An unknown field, a bad value, malformed JSON, text that is not valid 
 not fit the context (code "context_length_exceeded") gets a 400 with an OpenAI-style body {"error": {"message",
 "type", "param", "code"}}, an unknown model a 404 (code "model_not_found"). A field the server does not support
 is refused unless it has its neutral value, as clients send by default (`NEUTRAL`: e.g. "logprobs": null,
-"presence_penalty": 0). The role "developer" is read as "system", as OpenAI does. With an API key, /v1/* needs
+"presence_penalty": 0). The role "developer" is read as "system", as OpenAI does; a message's "name" goes to the
+chat template. With an API key, /v1/* needs
 "Authorization: Bearer KEY", checked before the body is read. A client that disconnects cancels its request; the
 engine frees the slot at its next step. Tokenizing runs off the event loop, so a huge prompt does not stall
 other streams, and a text longer than the context could hold in any tokenization is refused before it.
@@ -123,6 +124,7 @@ class TextPart(Body):
 class Message(Body):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
+    name: str | None = None  # handed to the chat template (SmolLM2's and Qwen2.5's do not show it)
 
 
 class ChatBody(Common):
@@ -344,7 +346,8 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
             raise SpecdecError(f"{model_name} has no chat template: use /v1/completions")
         messages = [{"role": "system" if m.role == "developer" else m.role,  # OpenAI's newer name for system
                      "content": text_of(m.content if isinstance(m.content, str) else "".join(p.text for p in m.content),
-                                        f"messages.{i}.content")} for i, m in enumerate(body.messages)]
+                                        f"messages.{i}.content"), **({"name": m.name} if m.name else {})}
+                    for i, m in enumerate(body.messages)]
         text = tok.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tok.hf.encode(text, add_special_tokens=False)
         return job_for(body, ids, body.max_completion_tokens or body.max_tokens
