@@ -34,7 +34,12 @@ def _save(fig, path: str | os.PathLike) -> str:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise ValueError(f"--out directory does not exist: {parent}")
-    fig.savefig(path)
+    if os.path.isdir(path):
+        raise ValueError(f"--out is a directory: {path}")
+    try:
+        fig.savefig(path)
+    except OSError as e:
+        raise ValueError(f"cannot write --out {path}: {e.strerror or e}") from None
     return path
 
 
@@ -71,8 +76,14 @@ def plot_surface(path, tau: float = 0.1, k_max: int = 12) -> str:
     return _save(fig, path)
 
 
+ROUNDS_K_MAX = 64  # one labelled bar per outcome: past this the chart is unreadable (and slow to draw)
+
+
 def plot_rounds(path, alpha: float = 0.7, k: int = 4) -> str:
     """Bar chart of P(n tokens in a round), n = 1..k+1, with the mean marked."""
+    theory.expected_tokens(alpha, k)  # validates alpha and k
+    if k > ROUNDS_K_MAX:
+        raise ValueError(f"k must be in [0, {ROUNDS_K_MAX}] for 'rounds' (one bar per outcome), got {k}")
     probs = theory.tokens_per_round_distribution(alpha, k)
     mean = theory.expected_tokens(alpha, k)
     n = np.arange(1, k + 2)
@@ -88,7 +99,8 @@ def plot_rounds(path, alpha: float = 0.7, k: int = 4) -> str:
 
     handles, labels = ax.get_legend_handles_labels()
     handles.append(Patch(color="tab:green"))
-    labels.append(f"full burst: all {k} accepted + bonus ({probs[-1]:.4f})")
+    labels.append(f"full burst: all {k} accepted + bonus ({probs[-1]:.4f})" if k
+                  else "k = 0: every round is one plain step (no drafts, no bonus)")
     ax.set_xticks(n)
     ax.set_xlabel("tokens emitted in one round")
     ax.set_ylabel("probability")
@@ -109,7 +121,9 @@ def plot_budget(path, k: int = 4, budget: float = theory.BUDGET, max_occupancy: 
     ax = fig.add_subplot()
     ax.plot(occ, room, color="tab:blue", label="headroom = budget - B (positions)")
     ax.axhline(0, color="gray", linewidth=0.8)
-    ax.axvspan(budget, max_occupancy, color="tab:red", alpha=0.12, label="over budget: compute-bound")
+    if budget < max_occupancy:  # past the budget: the region exists only where the axis reaches it
+        ax.axvspan(budget, max_occupancy, color="tab:red", alpha=0.12, label="over budget: compute-bound")
+    ax.set_xlim(0, max_occupancy)
     ax.set_xlabel("batch occupancy B (concurrent decode requests)")
     ax.set_ylabel("headroom (token positions)", color="tab:blue")
     ax2 = ax.twinx()

@@ -111,3 +111,52 @@ def test_plot_bad_input(capsys, tmp_path):
     assert code == 2 and "--out" in err
     code, _, err = run(capsys, "plot", "budget", "--out", str(tmp_path / "b.txt"))
     assert code == 2 and "--out" in err
+
+
+def test_plot_rounds_refuses_a_huge_k_at_once(capsys, tmp_path):
+    # k = 100000 used to draw 100001 annotated bars: minutes, then an unreadable chart
+    code, _, err = run(capsys, "plot", "rounds", "-k", "100000", "--out", str(tmp_path / "r.png"))
+    assert code == 2 and "k must be in [0, 64]" in err and not (tmp_path / "r.png").exists()
+    code, _, _ = run(capsys, "plot", "rounds", "-k", "0", "--out", str(tmp_path / "r0.png"))
+    assert code == 0 and (tmp_path / "r0.png").exists()
+
+
+def test_plot_unwritable_out_is_one_line(capsys, tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    def denied(self, path, *a, **kw):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(Figure, "savefig", denied)
+    code, _, err = run(capsys, "plot", "surface", "--out", str(tmp_path / "s.png"))
+    assert code == 2 and "cannot write --out" in err and "Permission denied" in err and "Traceback" not in err
+    (tmp_path / "d.png").mkdir()
+    code, _, err = run(capsys, "plot", "surface", "--out", str(tmp_path / "d.png"))
+    assert code == 2 and "is a directory" in err
+
+
+@pytest.mark.parametrize("budget", [300.0, 1e12])
+def test_plot_budget_past_the_axis_draws_no_red_region(tmp_path, monkeypatch, budget):
+    # a budget above the largest B drawn used to shade B = 200..budget red and stretch the axis to it
+    from specdec import plots
+
+    figs = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or str(path))
+    plots.plot_budget(tmp_path / "b.png", k=4, budget=budget)
+    ax = figs[0].axes[0]
+    assert ax.get_xlim() == (0.0, 200.0)
+    assert not ax.patches  # no "over budget" span
+    figs.clear()
+    plots.plot_budget(tmp_path / "b.png", k=4, budget=156)
+    assert len(figs[0].axes[0].patches) == 1
+
+
+def test_calc_prints_what_was_asked_not_a_rounding_of_it(capsys):
+    # alpha 0.9999999 was echoed as alpha=1, a break-even alpha of 0.99999 as 1.0000 and a speedup of 3e-05 as 0.000x
+    code, out, _ = run(capsys, "calc", "--alpha", "0.9999999", "-k", "1000000")
+    assert code == 0 and out.startswith("alpha=0.9999999  k=1000000")
+    assert "break-even alpha at this k 0.99999" in out and "at this k 1.0000" not in out
+    code, out, _ = run(capsys, "calc", "-k", "1000000")
+    assert "speedup                    3.33e-05x" in out
+    code, out, _ = run(capsys, "calc", "-k", "0")
+    assert "P(full burst of 1 token)  1.0000" in out

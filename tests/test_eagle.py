@@ -450,3 +450,21 @@ def test_auto_tree_is_a_chain_where_verifying_is_narrow(env, tmp_path, monkeypat
     for budget, nodes, want in ((3, None, "chain"), (64, None, "dynamic"), (3, 12, "dynamic")):
         llm = SimpleNamespace(name="tiny", folder=env["folder"], model=env["target"], budget=lambda b=budget: b)
         assert build(llm, tmp_path / "h", "auto", nodes).tree == want
+
+
+def test_export_never_overwrites_another_models_folder(tmp_path, capsys):
+    """--out holding another config.json (a Medusa head, a model) or a lone model.safetensors is refused before
+    anything is written; an earlier EAGLE-3 export there is replaced."""
+    from specdec.cli import main
+
+    medusa = tmp_path / "medusa"
+    medusa.mkdir()
+    (medusa / "config.json").write_text('{"kind": "medusa"}')
+    (medusa / "heads.safetensors").write_bytes(b"x")
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    (lone / "model.safetensors").write_bytes(b"weights")
+    for folder in (medusa, lone):
+        assert main(["export", "eagle", "--model", "smollm2-135m", "--out", str(folder)]) == 2
+        assert "holds another model or head" in capsys.readouterr().err
+    assert (medusa / "config.json").read_text() == '{"kind": "medusa"}' and (lone / "model.safetensors").read_bytes() == b"weights"

@@ -240,3 +240,18 @@ def test_exit_layers_command_measures_caches_and_feeds_auto(tiny_folder, monkeyp
     assert default_layers(30) == [4, 8, 11, 15, 19, 22] and default_layers(3) == [1, 2]
     assert main(["exit-layers", "--model", str(tiny_folder), "--layers", "9"]) == 2
     assert "exit layers must be in 1..3" in capsys.readouterr().err
+
+
+def test_exit_layers_refuses_bad_numbers_and_binary_prompts_before_loading(tmp_path, capsys):
+    """--k 0 / --max-new-tokens 1 are refused naming the flags, before the model resolves (an unknown model here
+    would be the error otherwise); a prompts file that is not UTF-8 is one line naming the file."""
+    from specdec.cli import main
+
+    for bad, said in ((["--k", "0"], "--k must be at least 1"), (["--max-new-tokens", "1"], "--max-new-tokens at least 2")):
+        assert main(["exit-layers", "--model", "no-such-model", *bad]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "unknown model" not in err
+    binary = tmp_path / "p.txt"
+    binary.write_bytes(b"\xff\xfe\x00bin")
+    assert main(["exit-layers", "--model", "no-such-model", "--prompts", str(binary)]) == 2
+    assert f"{binary}: not UTF-8 text" in capsys.readouterr().err

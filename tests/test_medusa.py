@@ -450,3 +450,91 @@ def test_an_interrupted_hidden_cache_build_continues(env, tmp_path):
     assert rest.meta == whole.meta
     for a in hidden_cache.arrays(None):
         assert np.array_equal(getattr(rest, a), getattr(whole, a))
+
+
+def test_ctrl_c_during_an_optimizer_step_leaves_a_consistent_checkpoint(env, hidden, tmp_path, monkeypatch):
+    """A real SIGINT arriving inside opt.step() (after the weights moved, before the step was counted) is held
+    to the step's end: the checkpoint holds step 13's weights with step 13's count, so --resume ends exactly
+    where an uninterrupted run does (before: weights one step ahead of the count, that batch applied twice)."""
+    import signal
+
+    from specdec.training import medusa as T
+
+    lm = env["target"].lm_head.weight.detach()
+    s = T.TrainSettings(heads=K, epochs=1, batch=64, lr=3e-3, draft_vocab=40, checkpoint_every=5)
+    full, _ = T.train(hidden, lm, s, tmp_path / "a", progress=False)
+    real = T.torch.optim.AdamW
+    calls = {"n": 0}
+
+    class Interrupted(real):
+        def step(self, *a, **kw):
+            out = super().step(*a, **kw)
+            calls["n"] += 1
+            if calls["n"] == 13:
+                signal.raise_signal(signal.SIGINT)  # Ctrl-C lands right after the update
+            return out
+
+    monkeypatch.setattr(T.torch.optim, "AdamW", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        T.train(hidden, lm, s, tmp_path / "b", progress=False)
+    monkeypatch.setattr(T.torch.optim, "AdamW", real)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    assert torch.load(tmp_path / "b" / T.CHECKPOINT, weights_only=False)["step"] == 13
+    resumed, _ = T.train(hidden, lm, s, tmp_path / "b", resume=True, progress=False)
+    assert torch.equal(resumed["weight"], full["weight"]) and torch.equal(resumed["bias"], full["bias"])
+
+
+def test_a_tiny_draft_vocabulary_trains_and_resume_names_what_differs(env, hidden, tmp_path):
+    """Fewer draft tokens than the 8 ranks the accuracies measure (--draft-vocab 4, or a tiny corpus) trains and
+    reports (before: a topk traceback at the first epoch's end); a resume may change how often it checkpoints
+    (and Medusa's epochs), and a refusal names the setting that differs."""
+    from specdec.training import medusa as T
+
+    lm = env["target"].lm_head.weight.detach()
+    s = T.TrainSettings(heads=K, epochs=1, batch=64, lr=3e-3, draft_vocab=4, checkpoint_every=5)
+    tensors, report = T.train(hidden, lm, s, tmp_path / "a", progress=False)
+    assert len(tensors["vocab"]) == 4 and report["val_accuracy"]["by_rank"][0][4:] == [0.0] * (T.RANKS - 4)
+    more = T.TrainSettings(heads=K, epochs=2, batch=64, lr=3e-3, draft_vocab=4, checkpoint_every=7)
+    _, again = T.train(hidden, lm, more, tmp_path / "a", resume=True, progress=False)
+    assert again["training"]["steps"] == 2 * report["training"]["steps"]
+    other = T.TrainSettings(heads=K, epochs=2, batch=32, lr=3e-3, draft_vocab=4, checkpoint_every=7)
+    with pytest.raises(SpecdecError, match=r"--batch 64 \(now 32\).*drop --resume"):
+        T.train(hidden, lm, other, tmp_path / "a", resume=True, progress=False)
+
+
+@pytest.mark.parametrize("bad, said", [(["--lr", "nan"], "--lr must be a positive number"),
+                                       (["--lr", "0"], "--lr must be a positive number"),
+                                       (["--max-len", "2"], "--max-len must be at least 3")])
+def test_train_refuses_bad_numbers_before_the_target_loads(bad, said, capsys):
+    from specdec.cli import main
+
+    for kind in ("medusa", "eagle"):  # an unknown model: the check comes before anything resolves or loads
+        assert main(["train", kind, "--model", "no-such-model", "--quiet", *bad]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "unknown model" not in err
+
+
+def test_an_eagle_folder_given_as_medusa_heads_is_named(env, tmp_path):
+    """--method medusa --heads <an EAGLE head>: the error says it holds an EAGLE head (before: "holds None heads")."""
+    import json
+
+    from specdec.training import heads
+
+    folder = tmp_path / "eagle"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"],
+                                                    "specdec": {"kind": "eagle"}}))
+    with pytest.raises(SpecdecError, match="holds 'eagle' heads, not 'medusa'.*specdec train medusa"):
+        heads.load(folder, "medusa", env["folder"], "tiny-0")
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(SpecdecError, match="names no kind"):
+        heads.load(folder, "medusa", env["folder"], "tiny-0")
+
+
+def test_resume_without_a_checkpoint_is_refused_before_the_corpus_pass(tmp_path, capsys):
+    from specdec.cli import main
+
+    for kind in ("medusa", "eagle"):  # an unknown model: the check comes before anything resolves or loads
+        assert main(["train", kind, "--model", "no-such-model", "--out", str(tmp_path / kind), "--resume"]) == 2
+        err = capsys.readouterr().err
+        assert "--resume: no checkpoint in" in err and "unknown model" not in err

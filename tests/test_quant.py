@@ -548,3 +548,23 @@ def test_fused_layers_give_the_python_route_bits_q8_q4(qenv, monkeypatch):
 def test_fused_layers_give_the_python_route_bits_k_formats(kquant_env, monkeypatch):
     """q4k and q6k, a q|k|v of two formats among them: the same bits as `Block.forward`."""
     python_route_bits(kquant_env["target"], monkeypatch)
+
+
+def test_quality_cli_dtype_list_and_task_count(tiny_folder, capsys):
+    """QA session: `--dtype q4,q4` scored q4 twice, `--dtype ''` scored nothing and exited 0, and `--tasks 100000`
+    printed "of 100000 HumanEvalFix dev tasks" while scoring the 82 there are."""
+    import json
+
+    from specdec.cli import main
+    from specdec.quality import resolve_prompts
+
+    assert main(["quality", "--model", str(tiny_folder), "--dtype", "q4,q4", "--ref", "fp32", "--tasks", "1",
+                 "--json"]) == 0
+    assert [r["dtype"] for r in json.loads(capsys.readouterr().out)] == ["float32", "q4"]
+    assert main(["quality", "--model", str(tiny_folder), "--dtype", " , ", "--ref", "fp32"]) == 2
+    assert "--dtype names no format" in capsys.readouterr().err
+    available = len(resolve_prompts("humanevalfix").read_text().splitlines())
+    assert main(["quality", "--model", str(tiny_folder), "--dtype", "q8", "--ref", "fp32",
+                 "--tasks", str(available + 1000)]) == 0
+    out = capsys.readouterr().out
+    assert f"of {available} HumanEvalFix dev tasks (all there are" in out and str(available + 1000) + " Human" not in out

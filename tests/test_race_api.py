@@ -299,6 +299,7 @@ def test_a_failed_model_load_keeps_the_loaded_model(folder, tmp_path):
     (dict(draft="nosuch"), "draft model: unknown model 'nosuch'"),
     (dict(sources="prompt-lookup,nosuch"), "unknown hybrid source 'nosuch'"),
     (dict(exit_layer="x"), "exit layer"), (dict(exit_layer="4"), "1..3"), (dict(exit_layer=0), "exit layer"),
+    (dict(datastore="/no/such/datastore"), "--datastore: /no/such/datastore is not a specdec datastore"),
 ])
 def test_bad_settings_refused_at_start_up(folder, kwargs, words):
     with pytest.raises(SpecdecError, match=words):
@@ -323,3 +324,71 @@ def test_cli_start_up_errors_exit_2(folder, capsys, argv, words):
     assert main(["race", "--model", folder, "--port", "0"] + argv) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and "\n" not in err and err.startswith("specdec race: error:")
+
+
+# --- QA session: measured defaults for --dtype auto, following a running race, cancel while loading -----
+
+def test_measured_budget_for_auto_is_the_q4_probe_of_a_4bit_gguf(tmp_path, monkeypatch):
+    """`specdec race` (dtype auto) on SmolLM2 runs q4, and `specdec probe` (auto) saves its curve under "q4";
+    the page used to look for float32/bfloat16 only, so "measured" never appeared after a probe."""
+    import specdec.runtime.loader as loader
+    import specdec.store as store
+    from specdec.probe import ProbeResult, save
+    from specdec.race.server import measured_defaults
+    from specdec.runtime.kernels import quant
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    for dtype, step in (("q4", 0.005), ("float32", 0.02), ("bfloat16", 0.01)):
+        save(ProbeResult(model="m4", dtype=dtype, context=256, seconds={1: step, 2: step * 1.02},
+                         relative={1: 1.0, 2: 1.02}, budget=2, weight_bytes=1, bandwidth_gbs=1.0, bound_seconds=0.001,
+                         threads=2))
+    monkeypatch.setattr(store, "resolve", lambda name, pull=True: tmp_path)
+    monkeypatch.setattr(loader, "gguf_is_q4", lambda folder: True)
+    monkeypatch.setattr(quant, "isa", lambda: "vnni512")
+    m = measured_defaults("m4", None)
+    assert m["dtype"] == "q4" and m["step_ms"] == pytest.approx(5.0)
+    assert measured_defaults("m4", "fp32")["dtype"] == "float32"  # an explicit --dtype reads its own
+    monkeypatch.setattr(loader, "gguf_is_q4", lambda folder: False)  # bf16 or fp32, as this CPU loads it
+    assert measured_defaults("m4", None)["dtype"] == str(loader.resolve_dtype(None, tmp_path)).replace("torch.", "")
+
+
+def test_a_second_page_finds_and_follows_the_running_race(folder):
+    """A reload or a second tab got only "race 1 is still running: wait for it or cancel it", with no way to
+    see or cancel it: the 409 now names the race and GET /api/live returns the running one."""
+    app = create_app(folder)
+    slow = SlowLLM()
+    app.state.runner.llm = lambda name=None: slow
+    with TestClient(app, raise_server_exceptions=False) as c:
+        assert c.get("/api/live").json() == {"race": None}
+        race = c.post("/api/live", json=dict(prompt="x", max_new_tokens=1000)).json()
+        assert slow.started.wait(10)
+        current = c.get("/api/live").json()["race"]
+        assert current["id"] == race["id"] and current["state"] == "running" and "lanes" not in current
+        busy = c.post("/api/live", json=dict(prompt="y"))
+        assert busy.status_code == 409 and busy.json()["race_id"] == race["id"]
+        c.post(f"/api/live/{race['id']}/cancel")
+        assert wait(c, race["id"], timeout=5)["state"] == "cancelled"
+        assert c.get("/api/live").json() == {"race": None}
+
+
+def test_cancel_while_the_model_loads_stops_before_any_lane(folder):
+    """Cancel pressed during "loading" / "preparing early-exit" (minutes on a CPU) used to be ignored until
+    then, and the plain lane started anyway before the flag was seen."""
+    app = create_app(folder, preload=False)
+    runner = app.state.runner
+    release, loading = threading.Event(), threading.Event()
+    slow = SlowLLM()
+
+    def load(name=None):
+        loading.set()
+        release.wait(10)
+        return slow
+
+    runner.llm = load
+    with TestClient(app, raise_server_exceptions=False) as c:
+        race = c.post("/api/live", json=dict(prompt="x", max_new_tokens=5)).json()
+        assert loading.wait(10)
+        c.post(f"/api/live/{race['id']}/cancel")
+        release.set()
+        d = wait(c, race["id"], timeout=5)
+        assert d["state"] == "cancelled" and not slow.started.is_set()

@@ -132,3 +132,48 @@ def test_race_page(server, tmp_path):
             ctx.close()
     assert not errors, errors
     assert (ARTIFACTS / "race.png").stat().st_size > 10_000
+
+
+def test_an_invalid_knob_pauses_the_race_until_it_is_fixed(server, tmp_path):
+    """QA session: budget 0 (or blank) showed its error and paused the race; putting 156 back hid the
+    error but left the race frozen until Play was pressed again. Now it resumes by itself, unless the
+    user paused it meanwhile."""
+    from playwright.sync_api import sync_playwright
+
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=chromium(), headless=True,
+                                                    args=CHROMIUM_ARGS, viewport={"width": 1280, "height": 900})
+        try:
+            page = ctx.new_page()
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(server)
+            page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+            page.select_option("#speed", "1")
+            page.click("#play")
+            page.wait_for_function("Number(document.getElementById('v-tokens').textContent) > 5", timeout=20_000)
+            set_budget = "v => { const e = document.getElementById('budget'); e.value = v; e.dispatchEvent(new Event('input')); }"
+            page.evaluate(set_budget, "0")
+            page.wait_for_selector("#sim-error:not([hidden])", timeout=10_000)
+            assert "budget" in page.inner_text("#sim-error")
+            page.evaluate(set_budget, "156")
+            page.wait_for_selector("#sim-error", state="hidden", timeout=10_000)
+            v0 = number(page, "#v-tokens")
+            page.wait_for_function(f"Number(document.getElementById('v-tokens').textContent) > {v0 + 5}", timeout=10_000)
+
+            # paused by the user: fixing a knob does not start it again
+            page.click("#pause")
+            page.evaluate(set_budget, "0")
+            page.wait_for_selector("#sim-error:not([hidden])", timeout=10_000)
+            page.evaluate(set_budget, "156")
+            page.wait_for_selector("#sim-error", state="hidden", timeout=10_000)
+            v1 = number(page, "#v-tokens")
+            page.wait_for_timeout(600)
+            assert number(page, "#v-tokens") == v1
+
+            # k = 0 in the bursts widget: no bonus to speak of
+            page.eval_on_selector("#w-k", "el => { el.value = 0; el.dispatchEvent(new Event('input')); }")
+            page.wait_for_function("document.getElementById('rounds-note').textContent.includes('plain step')", timeout=10_000)
+        finally:
+            ctx.close()
+    assert not errors, errors

@@ -168,6 +168,7 @@ def test_bad_requests_get_400(tiny, live, change, words):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert words in err["message"] and err["type"] == "invalid_request_error"
+    assert err["param"], "a refusal names the field it is about"
 
 
 def test_openai_error_codes_and_neutral_fields(tiny, client, live):

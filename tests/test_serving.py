@@ -767,6 +767,15 @@ def test_mode_picker_explores_less_once_settled_and_again_after_a_switch():
     assert run(500)[-100:].count("always") > 80
 
 
+def test_mode_picker_explores_only_on_steps_without_a_prompt_piece():
+    """A step that prefills beside decoding runs the current arm and does not count toward exploring: its sample
+    is left out, and an explored arm would lengthen one of the longest steps."""
+    p = ModePicker(explore=4)
+    p.record(2, p.choose(2), 2, 0.01)  # the current arm's reference
+    assert {p.choose(2, prefill=True) for _ in range(100)} == {"model"} and p.steps[2] == 1
+    assert [p.choose(2) for _ in range(4)] == ["model", "model", "always", "model"]  # counted step 4 explores
+
+
 def test_mode_picker_estimates_each_arm_against_the_running_one():
     """`estimates` gives, per batch bucket, what the server measured: each other arm's tokens/s relative to the
     running arm, from steps paired in time (the machine's drift cancels). It keeps a settled bucket's last full

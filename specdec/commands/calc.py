@@ -62,6 +62,20 @@ def table_rows(kind: str, alpha: float, k: int, tau: float) -> list[dict]:
              "round_cost": 1 + kk * tau, "speedup": theory.speedup(alpha, kk, tau)} for kk in range(11)]
 
 
+def _arg(x: float) -> str:
+    """An argument as given: 0.9999999 stays 0.9999999 (`:g` printed alpha=1)."""
+    return format(x, ".12g")
+
+
+def _fixed(x: float, digits: int) -> str:
+    """x to `digits` decimals, unless that hides it: a break-even alpha of 0.99999 is not 1.0000, nor a
+    speedup of 3e-05 0.000."""
+    text = f"{x:.{digits}f}"
+    if x != 0 and (float(text) == 0 or (float(text) != x and abs(float(text)) == 1 and abs(x) < 1)):
+        return f"{x:.{digits}g}" if float(text) == 0 else format(x, ".10g")
+    return text
+
+
 def run(args: argparse.Namespace) -> int:
     # validate everything up front so errors name the argument, whichever output is asked for
     theory.speedup(args.alpha, args.k, args.tau)
@@ -73,13 +87,13 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(rows, indent=2))
             return 0
         if args.table == "alpha":
-            print(f"speedup across alpha at k={args.k}, tau={args.tau:g}")
+            print(f"speedup across alpha at k={args.k}, tau={_arg(args.tau)}")
             print(f"{'alpha':>6} {'E[tokens]':>10} {'speedup':>8}")
             for r in rows:
                 print(f"{r['alpha']:>6.2f} {r['expected_tokens']:>10.4f} {r['speedup']:>7.3f}x")
         else:
             best = max(rows, key=lambda r: r["speedup"])["k"]
-            print(f"speedup across k at alpha={args.alpha:g}, tau={args.tau:g}")
+            print(f"speedup across k at alpha={_arg(args.alpha)}, tau={_arg(args.tau)}")
             print(f"{'k':>3} {'E[tokens]':>10} {'round cost':>11} {'speedup':>8}")
             for r in rows:
                 mark = "  <- peak" if r["k"] == best else ""
@@ -91,11 +105,12 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(s, indent=2))
         return 0
     be = s["break_even_alpha"]
-    be_text = "none (tau > 1: drafting always costs more than it can save)" if be is None else f"{be:.4f}"
-    print(f"alpha={args.alpha:g}  k={args.k}  tau={args.tau:g}")
+    be_text = "none (tau > 1: drafting always costs more than it can save)" if be is None else _fixed(be, 4)
+    print(f"alpha={_arg(args.alpha)}  k={args.k}  tau={_arg(args.tau)}")
     print(f"expected tokens per round  {s['expected_tokens']:.4f}")
-    print(f"speedup                    {s['speedup']:.3f}x")
-    print(f"P(full burst of {args.k + 1} tokens)  {s['full_burst_probability']:.4f}")
+    print(f"speedup                    {_fixed(s['speedup'], 3)}x")
+    print(f"P(full burst of {args.k + 1} {'token' if args.k == 0 else 'tokens'})  "
+          f"{_fixed(s['full_burst_probability'], 4)}")
     print(f"best k for this alpha, tau {s['best_k']}  ({s['best_speedup']:.3f}x)")
     print(f"break-even alpha at this k {be_text}")
     return 0

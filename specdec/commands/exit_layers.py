@@ -22,7 +22,11 @@ def read_prompts(path: str, limit: int | None) -> list[str]:
     if not p.is_file():
         raise SpecdecError(f"no such prompts file: {p}")
     out = []
-    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text_lines = p.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise SpecdecError(f"{p}: not UTF-8 text (byte {e.start}): give a text or jsonl prompts file") from None
+    for i, line in enumerate(text_lines, 1):
         if not line.strip():
             continue
         if p.suffix == ".jsonl":
@@ -82,6 +86,9 @@ def run(args) -> int:
             raise ValueError(f"--layers must be comma-separated integers, got {args.layers!r}") from None
     if args.limit < 1:
         raise ValueError(f"--limit must be at least 1, got {args.limit}")
+    if args.k < 1 or args.max_new_tokens < 2:  # before the model loads
+        raise ValueError(f"--k must be at least 1 and --max-new-tokens at least 2, got {args.k} and "
+                         f"{args.max_new_tokens}")
     prompts = [t for f in args.prompts for t in read_prompts(f, args.limit)] or list(DEFAULT_PROMPTS)[:args.limit]
     llm = LLM(args.model, dtype=args.dtype, device=args.device, kv_dtype=args.kv_dtype)
     say = None if args.json else (lambda s: print(f"  {s}", file=sys.stderr, flush=True))

@@ -45,6 +45,16 @@ def run_eagle(args) -> int:
     if out.exists() and not out.is_dir():
         raise SpecdecError(f"--out {out} is a file, not a folder: choose a folder for config.json and model.safetensors")
     again = (out / "config.json").exists()
+    if again or (out / "model.safetensors").exists():
+        import json
+
+        try:
+            there = json.loads((out / "config.json").read_text())
+        except (OSError, ValueError):
+            there = None
+        if not (isinstance(there, dict) and "LlamaForCausalLMEagle3" in (there.get("architectures") or [])):
+            raise SpecdecError(f"--out {out} holds another model or head (its config.json is not an EAGLE-3 "
+                               "export): choose an empty folder, or a folder written by `specdec export eagle`")
     folder = resolve(args.model, pull=True)
     head = find_head(args.model, folder, ModelConfig.from_folder(folder), args.heads)
     if len(head.cfg.aux_layers) != 3:

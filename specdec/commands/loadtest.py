@@ -40,7 +40,8 @@ def register(sub) -> None:
                                    "inter-token latency and errors, as Markdown, JSON and a plot. Loopback only; each level "
                                    "is bounded by --requests and --timeout. With --serve, start one server per "
                                    "speculation mode (each on a free port) and interleave the modes at every level.")
-    p.add_argument("--url", default=None, help="a running server, e.g. http://127.0.0.1:8000 (loopback only)")
+    p.add_argument("--url", default=None, help="a running server, e.g. http://127.0.0.1:8000 or the http://127.0.0.1:8000/v1 that `specdec "
+                        "serve` prints (loopback only)")
     p.add_argument("--serve", type=modes_arg, default=None, metavar="MODES",
                    help="instead of --url: start `specdec serve --speculation MODE` for each of these modes "
                         "(e.g. auto,always,never) with --model, --dtype, --budget, --max-batch and --method")
@@ -74,7 +75,8 @@ def register(sub) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per level; later requests are errors (default 300)")
     p.add_argument("--api-key", default=None, help="bearer token, if the server requires one")
     p.add_argument("--out", default="out/loadtest",
-                   help="folder for loadtest.md, loadtest.json and loadtest.png (default out/loadtest)")
+                   help="folder for loadtest.md, loadtest.json and loadtest.png (default out/loadtest; checked "
+                        "before any load runs; a server that stops answering mid-run leaves the levels before it there)")
     p.set_defaults(func=run)
 
 
@@ -135,16 +137,46 @@ def start_server(args, mode: str) -> tuple[subprocess.Popen, str]:
            "--method", args.method]
     proc = subprocess.Popen(cmd)
     url, end = f"http://127.0.0.1:{port}", time.time() + 900
-    while time.time() < end:
-        if proc.poll() is not None:
-            raise SpecdecError(f"`{' '.join(cmd[2:])}` exited with status {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.5)
-    proc.kill()
-    raise SpecdecError(f"`{' '.join(cmd[2:])}` did not answer /health within 15 minutes")
+    try:
+        while time.time() < end:
+            if proc.poll() is not None:
+                raise SpecdecError(f"`{' '.join(cmd[2:])}` exited with status {proc.returncode}")
+            try:
+                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                    return proc, url
+            except httpx.TransportError:
+                time.sleep(0.5)
+        raise SpecdecError(f"`{' '.join(cmd[2:])}` did not answer /health within 15 minutes")
+    except BaseException:  # Ctrl-C while it loads, too: never leave a server running behind us
+        stop_server(proc)
+        raise
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """SIGINT (the server's graceful stop), then a kill after 30 s."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def check_out(out: Path) -> None:
+    """Refuse an --out that cannot take the three files, before any load runs (a run can take many minutes)."""
+    from specdec.errors import SpecdecError
+
+    if out.exists() and not out.is_dir():
+        raise SpecdecError(f"--out {out} is a file, not a folder: choose a folder for loadtest.md, .json and .png")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".loadtest-write-check"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise SpecdecError(f"--out {out}: cannot write there ({e.strerror or e}): choose another folder") from None
 
 
 def run(args) -> int:
@@ -152,17 +184,21 @@ def run(args) -> int:
 
     from specdec.bench.prompts import load_prompts
     from specdec.errors import SpecdecError
-    from specdec.serving.loadtest import check_loopback, markdown, plot, pooled, run_level
+    from specdec.serving.loadtest import ServerGone, check_loopback, markdown, plot, pooled, run_level, unreachable
 
     if ((args.requests is not None and args.requests < 1) or args.waves < 1 or args.max_tokens < 1 or args.repeat < 1
             or not args.timeout > 0):
         raise SpecdecError("--requests, --waves, --max-tokens, --repeat and --timeout must be positive")
     if (args.url is None) == (args.serve is None):
         raise SpecdecError("give either --url (a running server) or --serve MODES (servers started here)")
+    url = check_loopback(args.url) if args.url is not None else None
+    out = Path(args.out).expanduser()
+    check_out(out)
     prompts = [p.turns[0] for p in load_prompts(args.prompts)]
     if not prompts:
         raise SpecdecError(f"{args.prompts}: no prompts")
     servers: list[tuple[str, subprocess.Popen | None, str]] = []
+    levels, gone = [], None
     try:
         if args.serve:
             args.model = args.model or "smollm2-135m"
@@ -170,20 +206,36 @@ def run(args) -> int:
                 proc, url = start_server(args, mode)
                 servers.append((mode, proc, url))
         else:
-            url = check_loopback(args.url)
             headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
             if args.model is None:
-                args.model = httpx.get(url + "/v1/models", headers=headers, timeout=10).json()["data"][0]["id"]
+                try:
+                    r = httpx.get(url + "/v1/models", headers=headers, timeout=10)
+                except httpx.HTTPError as e:
+                    raise unreachable(url, e) from None
+                if r.status_code != 200:
+                    raise SpecdecError(f"{url}/v1/models answered HTTP {r.status_code} ({r.text[:200]}): "
+                                       + ("check --api-key" if r.status_code == 401 else "is it `specdec serve`?"))
+                args.model = r.json()["data"][0]["id"]
             servers.append(("-", None, url))
-        levels = []
         for c in args.concurrency:
             runs: dict[str, list[dict]] = {mode: [] for mode, _, _ in servers}
-            for r in range(args.repeat):  # modes interleaved at every level, none always first
-                for mode, _, url in servers[r % len(servers):] + servers[:r % len(servers)]:
-                    lv = asyncio.run(run_level(url, args.model, prompts, c, requests_at(args.requests, c, args.waves),
-                                               args.max_tokens, args.timeout, args.api_key))
-                    runs[mode] += lv["raw"]
-                    print(f"{mode} c={c}: {lv['throughput']:.2f} tokens/s, {lv['errors']} errors", file=sys.stderr)
+            try:
+                for r in range(args.repeat):  # modes interleaved at every level, none always first
+                    for mode, _, url in servers[r % len(servers):] + servers[:r % len(servers)]:
+                        lv = asyncio.run(run_level(url, args.model, prompts, c,
+                                                   requests_at(args.requests, c, args.waves),
+                                                   args.max_tokens, args.timeout, args.api_key))
+                        runs[mode] += lv["raw"]
+                        print(f"{mode} c={c}: {lv['throughput']:.2f} tokens/s, {lv['errors']} errors"
+                              + (f" ({'; '.join(lv['error_samples'])})" if lv["errors"] else ""), file=sys.stderr)
+                        if not lv["completed"] and lv["error_samples"] and all(
+                                e.startswith("RuntimeError: HTTP 4") for e in lv["error_samples"]):
+                            raise SpecdecError(f"the server refused every request at concurrency {c}: "
+                                               f"{lv['error_samples'][0].removeprefix('RuntimeError: ')}"
+                                               " (check --model and --api-key)")
+            except ServerGone as e:  # keep the levels measured before it, and say so
+                gone = e
+                break
             for mode, mine in runs.items():
                 rates, rates_in = compared(paired(mode, runs))
                 tails, tails_in = compared(paired(mode, runs, "itl_p99"))
@@ -192,11 +244,9 @@ def run(args) -> int:
     finally:
         for _, proc, _ in servers:
             if proc is not None:
-                proc.send_signal(signal.SIGINT)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+                stop_server(proc)
+    if gone is not None and not levels:
+        raise gone
     for lv in levels:
         del lv["raw"]
     per_level = (f"{args.requests} requests" if args.requests
@@ -204,12 +254,16 @@ def run(args) -> int:
     title = (f"Load test: {args.model}, {args.prompts}, {per_level} per level"
              + (f" x {args.repeat} runs (median)" if args.repeat > 1 else "") + f", max_tokens {args.max_tokens}"
              + (f", drafter {args.method}" if args.serve else ""))
+    if gone is not None:
+        title += f" (stopped early: the server stopped answering at concurrency {c})"
     text = markdown(levels, title)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "loadtest.md").write_text(text)
     (out / "loadtest.json").write_text(json.dumps(dict(model=args.model, prompts=args.prompts, levels=levels), indent=2))
     plot(levels, out / "loadtest.png", title)
     print(text)
     print(f"wrote {out / 'loadtest.md'}, {out / 'loadtest.json'} and {out / 'loadtest.png'}", file=sys.stderr)
+    if gone is not None:
+        print(f"specdec loadtest: error: {gone}; the levels before it are in {out}", file=sys.stderr)
+        return 1
     return 0

@@ -34,19 +34,27 @@ def run(args) -> int:
 
     if args.tasks < 1:
         raise SpecdecError("--tasks must be at least 1")
-    names = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    names = list(dict.fromkeys(d.strip() for d in args.dtype.split(",") if d.strip()))  # q4,q4: scored once
     if "auto" in names + [args.ref]:
         raise SpecdecError("specdec quality scores named formats: give --dtype and --ref from q4, q8, bf16, fp32")
+    if not names:
+        raise SpecdecError(f"--dtype names no format ({args.dtype!r}): give one or more of q4, q8, bf16, fp32, "
+                           "comma-separated")
+    from specdec.quality import resolve_prompts
+
+    available = len(resolve_prompts("humanevalfix").read_text().splitlines())
+    tasks = min(args.tasks, available)  # --tasks past the set scores all of it: say how many it was
     dtypes = [resolve_dtype(d) for d in names]
     load = lambda folder, dtype: load_transformer(folder, dtype, kv_dtype=args.kv_dtype)  # noqa: E731
-    results = measure(args.model, resolve(args.model, pull=True), dtypes, resolve_dtype(args.ref), args.tasks, load)
+    results = measure(args.model, resolve(args.model, pull=True), dtypes, resolve_dtype(args.ref), tasks, load)
     kv = "" if args.kv_dtype == "auto" else f"+kv-{args.kv_dtype}"
     for r in results:
         write_json(measurement_path("quality", r.model, r.dtype + kv), r.to_dict())
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
         return 0
-    print(f"model {args.model}: {results[0].tokens} answer tokens of {args.tasks} HumanEvalFix dev tasks, "
+    every = f" (all there are; --tasks {args.tasks} asked for more)" if args.tasks > available else ""
+    print(f"model {args.model}: {results[0].tokens} answer tokens of {tasks} HumanEvalFix dev tasks{every}, "
           f"KV cache {args.kv_dtype}")
     print(f"{'dtype':>6} {'perplexity':>11} {'top-1 vs ' + results[0].dtype:>14}")
     for r in results:

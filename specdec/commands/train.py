@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 DEFAULT_TOKENS = 100_000
 
@@ -145,6 +146,46 @@ def target_and_cache(args, layers=None):
     return model, fp, data, where, cache
 
 
+def check_run_args(args, names) -> None:
+    """Every count positive, --max-len at least 3 (a document needs a token, its next and one to predict) and
+    --lr a positive finite number: checked before the target loads or runs over the corpus."""
+    import math
+
+    from specdec.errors import SpecdecError
+
+    for name in names:
+        if getattr(args, name) < 1:
+            raise SpecdecError(f"--{name.replace('_', '-')} must be a positive integer")
+    if args.max_len < 3:
+        raise SpecdecError(f"--max-len must be at least 3 tokens (a document shorter than 3 teaches nothing), "
+                           f"got {args.max_len}")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise SpecdecError(f"--lr must be a positive number, got {args.lr}")
+
+
+def check_resume(args, out) -> None:
+    """--resume without a checkpoint in the output folder: said before the target runs over the corpus."""
+    from specdec.errors import SpecdecError
+
+    if args.resume and not (out / "checkpoint.pt").exists():
+        raise SpecdecError(f"--resume: no checkpoint in {out} (give the --out of the interrupted run, or drop --resume)")
+
+
+def interrupted(out, since: float, ckpt: str = "checkpoint.pt") -> int:
+    """Ctrl-C during training: the trainer wrote its checkpoint; say where and how to continue (status 130).
+    `since`: when this run began (an older checkpoint there is another run's)."""
+    import os
+
+    where = out / ckpt
+    if where.exists() and os.path.getmtime(where) >= since:
+        print(f"interrupted: the checkpoint in {where} is intact; continue with the same command and --resume",
+              file=sys.stderr)
+    else:
+        print("interrupted before training began (no checkpoint written); a cached corpus pass continues where "
+              "it last saved its progress", file=sys.stderr)
+    return 130
+
+
 def run_medusa(args) -> int:
     from pathlib import Path
 
@@ -152,15 +193,18 @@ def run_medusa(args) -> int:
     from specdec.training import heads
     from specdec.training.medusa import TrainSettings, train
 
-    for name in ("tokens", "max_len", "epochs", "heads", "draft_vocab", "batch", "checkpoint_every"):
-        if getattr(args, name) < 1:
-            raise SpecdecError(f"--{name.replace('_', '-')} must be a positive integer")
-    model, fp, data, where, cache = target_and_cache(args)
+    check_run_args(args, ("tokens", "max_len", "epochs", "heads", "draft_vocab", "batch", "checkpoint_every"))
     out = Path(args.out).expanduser() if args.out else heads.store_dir(args.model, "medusa")
-    s = TrainSettings(heads=args.heads, epochs=args.epochs, batch=args.batch, lr=args.lr,
-                      draft_vocab=args.draft_vocab, checkpoint_every=args.checkpoint_every)
-    tensors, report = train(cache, model.lm_head.matrix().float().cpu(), s, out, resume=args.resume,
-                            progress=not args.quiet)
+    check_resume(args, out)
+    since = time.time()
+    try:
+        model, fp, data, where, cache = target_and_cache(args)
+        s = TrainSettings(heads=args.heads, epochs=args.epochs, batch=args.batch, lr=args.lr,
+                          draft_vocab=args.draft_vocab, checkpoint_every=args.checkpoint_every)
+        tensors, report = train(cache, model.lm_head.matrix().float().cpu(), s, out, resume=args.resume,
+                                progress=not args.quiet)
+    except KeyboardInterrupt:
+        return interrupted(out, since)
     config = {"kind": "medusa", "target": {"name": args.model, "fingerprint": fp},
               "data": {"sources": data, "tokens": len(cache), "documents": cache.meta["documents"],
                        "max_len": args.max_len, "hidden_cache": where.name}, **report}
@@ -188,17 +232,21 @@ def run_eagle(args) -> int:
 
     if args.ttt_steps is None:
         args.ttt_steps = 3 if args.version == 3 else 1
-    for name in ("tokens", "max_len", "epochs", "ttt_steps", "draft_vocab", "batch_tokens", "checkpoint_every"):
-        if getattr(args, name) < 1:
-            raise SpecdecError(f"--{name.replace('_', '-')} must be a positive integer")
-    model, fp, data, where, cache = target_and_cache(args, lambda n: default_aux_layers(args.version, n))
+    check_run_args(args, ("tokens", "max_len", "epochs", "ttt_steps", "draft_vocab", "batch_tokens",
+                          "checkpoint_every"))
     out = Path(args.out).expanduser() if args.out else heads.store_dir(args.model, "eagle" if args.version == 3
                                                                         else "eagle1")
-    s = TrainSettings(version=args.version, epochs=args.epochs, ttt_steps=args.ttt_steps,
-                      draft_vocab=args.draft_vocab, batch_tokens=args.batch_tokens, lr=args.lr, bf16=not args.fp32,
-                      checkpoint_every=args.checkpoint_every)
-    head = train(cache, model, args.model, fp, s, out, resume=args.resume, progress=not args.quiet,
-                 device=model.device)
+    check_resume(args, out)
+    since = time.time()
+    try:
+        model, fp, data, where, cache = target_and_cache(args, lambda n: default_aux_layers(args.version, n))
+        s = TrainSettings(version=args.version, epochs=args.epochs, ttt_steps=args.ttt_steps,
+                          draft_vocab=args.draft_vocab, batch_tokens=args.batch_tokens, lr=args.lr,
+                          bf16=not args.fp32, checkpoint_every=args.checkpoint_every)
+        head = train(cache, model, args.model, fp, s, out, resume=args.resume, progress=not args.quiet,
+                     device=model.device)
+    except KeyboardInterrupt:
+        return interrupted(out, since)
     head.cfg.training["data"] = {"sources": data, "max_len": args.max_len, "hidden_cache": where.name}
     copy.deepcopy(head).half().save(out)
     t = head.cfg.training

@@ -31,6 +31,10 @@ RESULT_FIELDS = ("new_tokens", "seconds", "tokens_per_s", "prefill_seconds", "ta
 class Busy(SpecdecError):
     """A race is already running (the machine has two cores: one race at a time)."""
 
+    def __init__(self, message: str, race_id: int | None = None):
+        super().__init__(message)
+        self.race_id = race_id
+
 
 class Cancelled(Exception):
     pass
@@ -124,6 +128,13 @@ class LiveRunner:
             except SpecdecError as e:
                 raise SpecdecError(f"draft model: {e}") from None
         check_exit_layer(exit_layer, local_layers(model))
+        if datastore is not None:
+            from specdec.datastore import Datastore
+
+            try:
+                Datastore(datastore)  # memory-mapped: opening it checks the folder, its files and format
+            except SpecdecError as e:
+                raise SpecdecError(f"--datastore: {e}") from None
         self.model, self.dtype, self.draft, self.datastore = model, dtype, draft, datastore
         self.exit_layer = exit_layer
         self.sources = sources
@@ -211,7 +222,7 @@ class LiveRunner:
         with self._lock:
             running = [r for r in self.races.values() if not r.finished]
             if running:
-                raise Busy(f"race {running[0].id} is still running: wait for it or cancel it")
+                raise Busy(f"race {running[0].id} is still running: wait for it or cancel it", running[0].id)
             race = Race(next(self._ids), request)
             self.races[race.id] = race
             for old in sorted(self.races)[:-self.keep]:
@@ -233,14 +244,35 @@ class LiveRunner:
     def get(self, race_id: int) -> Race | None:
         return self.races.get(race_id)
 
+    def running(self) -> Race | None:
+        """The race that has not finished yet, if any (at most one runs)."""
+        with self._lock:
+            return next((r for r in self.races.values() if not r.finished), None)
+
+    def loaded_dtype_key(self) -> str | None:
+        """The probe-cache name of the loaded server model's dtype ("q4", "bfloat16", ...), None before it loads."""
+        llm = self._llm
+        if llm is None or self._llm_name != self.model:
+            return None
+        from specdec.probe import dtype_key
+
+        try:
+            return dtype_key(llm.model)
+        except AttributeError:
+            return None
+
     def _run(self, race: Race) -> None:
         req = race.request
         try:
             race.state, race.phase = "loading", f"loading {req.model or self.model}"
             llm = self.llm(req.model)
+            if race.cancel.is_set():
+                raise Cancelled()
             if req.method != "plain":
                 race.phase = f"preparing {req.method}"
                 llm.drafter(req.method)  # builds and caches slow drafters (early exit measures once)
+            if race.cancel.is_set():
+                raise Cancelled()
             race.state = "running"
             for lane in ("plain", req.method):
                 race.lanes[lane] = self._lane(race, llm, lane)

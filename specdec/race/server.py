@@ -7,6 +7,7 @@
     GET  /api/rounds             the distribution of tokens per round for alpha and k (Ch. 2's bursts)
     GET  /api/headroom           headroom against occupancy, and Ch. 7's priority allocation
     POST /api/live               start a live race on the real model (202; 409 while one runs)
+    GET  /api/live               the race running now (null when none)
     GET  /api/live/{id}          its state and progress; both lanes' token timings once done
     POST /api/live/{id}/cancel   cancel it
 
@@ -73,12 +74,15 @@ class LiveBody(Body):
         raise ValueError(f"must be an integer from 0 to 64 or 'auto', got {v!r}")
 
 
-def measured_defaults(model: str, dtype: str | None) -> dict | None:
-    """The budget and step time `specdec probe --model MODEL` cached for this machine, if any."""
+def measured_defaults(model: str, dtype: str | None, runner: LiveRunner | None = None) -> dict | None:
+    """The budget and step time `specdec probe --model MODEL` cached for this machine, if any, for the
+    dtype the live race runs: --dtype auto is q4 for a model from a 4-bit GGUF (SmolLM2, the Qwens), so
+    the probe to read is the one `specdec probe` (also auto) saves under "q4", not a bf16 or fp32 one."""
     from specdec.probe import load_cached
 
-    names = {"fp32": ["float32"], "bf16": ["bfloat16"], "q8": ["q8"], "q4": ["q4"]}.get(
-        dtype or "auto", ["float32", "bfloat16"])
+    names = {"fp32": ["float32"], "bf16": ["bfloat16"], "q8": ["q8"], "q4": ["q4"]}.get(dtype or "auto")
+    if names is None:
+        names = _auto_dtype_names(model, runner)
     for name in names:
         try:
             probe = load_cached(model, name)
@@ -88,6 +92,23 @@ def measured_defaults(model: str, dtype: str | None) -> dict | None:
             return dict(budget=probe.budget, step_ms=round(probe.seconds[1] * 1e3, 3), dtype=name,
                         source=f"specdec probe --model {model} ({name}, {probe.threads} threads)")
     return None
+
+
+def _auto_dtype_names(model: str, runner: LiveRunner | None) -> list[str]:
+    """What --dtype auto resolves to for `model`, as the probe cache names it: the loaded model's own
+    dtype when the live race has loaded it, else the loader's rule (`resolve_dtype`) on the pulled folder."""
+    loaded = runner.loaded_dtype_key() if runner else None
+    if loaded:
+        return [loaded]
+    if model.lower().endswith(".gguf"):  # resolving it would convert it (minutes): its probe says its dtype
+        return ["q4", "bfloat16", "float32"]
+    try:
+        from specdec.runtime.loader import resolve_dtype
+        from specdec.store import resolve
+
+        return [str(resolve_dtype(None, resolve(model, pull=False))).replace("torch.", "")]
+    except (SpecdecError, OSError, ValueError, KeyError, TypeError):
+        return ["bfloat16", "float32"]
 
 
 def _message(errors: list[dict]) -> str:
@@ -130,7 +151,7 @@ def create_app(model: str | None = "smollm2-135m", *, dtype: str | None = None, 
 
     @app.exception_handler(Busy)
     async def busy(request: Request, exc: Busy):
-        return JSONResponse(status_code=409, content=dict(error=str(exc)))
+        return JSONResponse(status_code=409, content=dict(error=str(exc), race_id=exc.race_id))
 
     @app.exception_handler(SpecdecError)
     @app.exception_handler(ValueError)
@@ -150,7 +171,7 @@ def create_app(model: str | None = "smollm2-135m", *, dtype: str | None = None, 
             presets=[p.__dict__ for p in sim.PRESETS],
             defaults=dict(sim.RaceParams().__dict__),
             lesson=dict(budget=theory.BUDGET, step_ms=theory.STEP_MS),
-            measured=measured_defaults(model, dtype) if model else None,
+            measured=measured_defaults(model, dtype, runner) if model else None,
             limits=dict(k_max=sim.K_MAX, occupancy_max=OCCUPANCY_MAX),
             methods=runner.methods() if runner else [],
         )
@@ -225,6 +246,12 @@ def create_app(model: str | None = "smollm2-135m", *, dtype: str | None = None, 
         if runner is None:
             raise HTTPException(400, "this server has no model for live races: start `specdec race --model NAME`")
         return runner
+
+    @app.get("/api/live")
+    def live_current():
+        """The race running now, if any (a reloaded page or a second tab follows it instead of a 409)."""
+        race = runner.running() if runner else None
+        return dict(race=race.to_dict(traces=False) if race else None)
 
     @app.post("/api/live", status_code=202)
     def live_start(body: LiveBody):

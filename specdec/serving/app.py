@@ -263,7 +263,7 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
         except Refused as e:
             return error(e.status, str(e), e.param, e.code)
         except (SpecdecError, ValueError) as e:
-            return error(400, str(e))
+            return error(400, str(e), getattr(e, "param", None))
         rid, created = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage

@@ -185,15 +185,17 @@ class Engine:
     def check(self, job: Job) -> None:
         """Raise SpecdecError (a 400 for the HTTP app) when a job cannot run."""
         if not job.prompt_ids:
-            raise SpecdecError("the prompt is empty")
+            raise SpecdecError("the prompt is empty", "prompt")
         check_context(self.model, len(job.prompt_ids), job.request.max_new_tokens)
         if job.method not in self.methods:
             raise SpecdecError(f"speculation method must be one of {', '.join(self.methods)}, got {job.method!r}"
-                               + (" (this server has no EAGLE head for its model)" if job.method in METHODS else ""))
+                               + (" (this server has no EAGLE head for its model)" if job.method in METHODS else ""),
+                               "speculation.method")
         if job.priority not in scheduler.PRIORITIES:
-            raise SpecdecError(f"priority must be one of {', '.join(scheduler.PRIORITIES)}, got {job.priority!r}")
+            raise SpecdecError(f"priority must be one of {', '.join(scheduler.PRIORITIES)}, got {job.priority!r}",
+                               "priority")
         if job.k != "auto" and (isinstance(job.k, bool) or not isinstance(job.k, int) or not 0 <= job.k <= 32):
-            raise SpecdecError(f"speculation k must be an integer in [0, 32] or 'auto', got {job.k!r}")
+            raise SpecdecError(f"speculation k must be an integer in [0, 32] or 'auto', got {job.k!r}", "speculation.k")
 
     def submit(self, job: Job) -> None:
         self.check(job)
@@ -332,7 +334,7 @@ class Engine:
         (session 16): room set aside for positions nobody filled, and tokens predicted that could not come."""
         mode = self.speculation
         if self.picker is not None and decoding:
-            self.arm = self.picker.choose(len(decoding))
+            self.arm = self.picker.choose(len(decoding), prefill=prefill > 0)
             self.metrics.arm(self.arm)
             mode = "auto" if self.arm == "model" else self.arm
         asks, drafted = [], {}

@@ -34,11 +34,27 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def check_loopback(url: str) -> str:
-    """The base URL (no trailing slash), refusing any host but this machine's loopback."""
+    """The base URL (no trailing slash), refusing any host but this machine's loopback. The `/v1` that
+    `specdec serve` prints (its OpenAI base URL) is dropped; any other path, a query or a bad port is refused.
+    Example: "http://127.0.0.1:8000/v1/" -> "http://127.0.0.1:8000"."""
+    usage = f"--url must be http://127.0.0.1:PORT or http://localhost:PORT (loopback only), got {url!r}"
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or parsed.hostname not in LOOPBACK:
-        raise SpecdecError(f"--url must be http://127.0.0.1:PORT or http://localhost:PORT (loopback only), got {url!r}")
-    return url.rstrip("/")
+        raise SpecdecError(usage)
+    try:
+        parsed.port
+    except ValueError:
+        raise SpecdecError(f"{usage}: the port must be an integer from 1 to 65535") from None
+    path = parsed.path.rstrip("/")
+    if path not in ("", "/v1") or parsed.query or parsed.fragment or parsed.params:
+        raise SpecdecError(f"{usage}: give the server's address without a path (/v1 is added per request)")
+    return parsed._replace(path="").geturl()
+
+
+def unreachable(url: str, e: Exception) -> SpecdecError:
+    """The one-line error for a server that does not answer (none started, a wrong port, or it died)."""
+    return SpecdecError(f"no server answers at {url} ({type(e).__name__}: {e or 'no response'}): start one with "
+                        "`specdec serve --model NAME`, or check --url")
 
 
 def percentile(xs: list[float], q: float) -> float | None:
@@ -62,6 +78,10 @@ def median_interval(xs: list[float], confidence: float = 0.95) -> tuple[float, f
             break
         l += 1
     return (s[l - 1], s[n - l]) if l else None
+
+
+class ServerGone(SpecdecError):
+    """The server stopped answering during a level (its levels measured before it are still good)."""
 
 
 async def one_request(client: httpx.AsyncClient, url: str, body: dict, headers: dict) -> dict:
@@ -103,7 +123,10 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
             except Exception as e:  # noqa: BLE001 - every failure is one error of the level
                 errors.append(f"{type(e).__name__}: {e}")
 
-    before, _ = await server_counters(url)
+    try:
+        before, _ = await server_counters(url)
+    except httpx.HTTPError as e:
+        raise unreachable(url, e) from None
     t0 = time.perf_counter()
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout)) as client:
         tasks = [asyncio.create_task(worker(i, client)) for i in range(requests)]
@@ -114,7 +137,12 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
             await asyncio.wait(late)
             errors.extend(["timeout"] * len(late))
     wall = time.perf_counter() - t0
-    after, ratios = await server_counters(url)
+    try:
+        after, ratios = await server_counters(url)
+    except httpx.HTTPError as e:  # it died during the level: its requests are errors, its counters are gone
+        raise ServerGone(f"the server at {url} stopped answering during the level at concurrency {concurrency} "
+                         f"({len(done)} of {requests} requests completed; {type(e).__name__}: {e or 'no response'})"
+                         ) from None
     run = dict(requests=requests, done=done, errors=errors, seconds=wall,
                server={k: after[k] - before[k] for k in after}, ratios=ratios.get(ModePicker.span(concurrency), {}))
     return pooled(concurrency, [run])
@@ -152,7 +180,9 @@ async def server_counters(url: str) -> tuple[dict[str, float], dict[str, dict[st
     from prometheus_client.parser import text_string_to_metric_families
 
     async with httpx.AsyncClient(timeout=10) as client:
-        text = (await client.get(url + "/metrics")).text
+        r = await client.get(url + "/metrics")
+        r.raise_for_status()
+        text = r.text
     totals = dict.fromkeys([*SERVER_COUNTERS, *(f"arm_{a}" for a in ARMS)], 0.0)
     ratios: dict[str, dict[str, float]] = {}
     names = {v: k for k, v in SERVER_COUNTERS.items()}

@@ -207,10 +207,14 @@ class ModePicker:
         b = cls.bucket(batch)
         return str(b) if b <= 2 else f"{b // 2 + 1}-{b}"
 
-    def choose(self, batch: int) -> str:
+    def choose(self, batch: int, prefill: bool = False) -> str:
         """The arm for a step over `batch` decoding requests: the bucket's current arm, or one step in
-        `explore` (once the current arm has a reference) its neighbours (`EXPLORES`) in turn."""
+        `explore` (once the current arm has a reference) its neighbours (`EXPLORES`) in turn. A step that also
+        prefills (`prefill`) runs the current arm and is not counted: its sample would be left out (`record`),
+        and an explored arm there would only lengthen a step that is already among the longest."""
         b = self.bucket(batch)
+        if prefill:
+            return self._current(b)
         step = self.steps[b] = self.steps.get(b, 0) + 1
         current, every = self._current(b), self.every.get(b, self.explore)
         if step % every or b not in self.reference:

@@ -51,6 +51,7 @@ from specdec.drafters.eagle_head import EagleConfig, EagleHead
 from specdec.errors import SpecdecError
 from specdec.runtime.model import rotate
 from specdec.training.hidden_cache import HiddenCache
+from specdec.training.medusa import StepBoundary, check_resumable
 
 CHECKPOINT = "checkpoint.pt"
 STEP_DECAY = 0.8      # EAGLE-3's weight of unrolled step j: 0.8^j
@@ -323,8 +324,7 @@ def train(cache: HiddenCache, target, name: str, fingerprint: str, s: TrainSetti
     state = dict(epoch=0, batch=0, step=0, tokens=0, seconds=0.0, loss=None, acc=None, history=[])
     if resume and ckpt_path.exists():
         ck = torch.load(ckpt_path, weights_only=False, map_location=device)
-        if ck["settings"] != asdict(s) or ck["cache"] != cache.meta:
-            raise SpecdecError(f"{ckpt_path} was made with other settings or data: drop --resume to start over")
+        check_resumable(ckpt_path, ck, asdict(s), cache.meta)
         head.load_state_dict(ck["head"])
         opt.load_state_dict(ck["opt"])
         sched.load_state_dict(ck["sched"])
@@ -340,41 +340,46 @@ def train(cache: HiddenCache, target, name: str, fingerprint: str, s: TrainSetti
     bar = tqdm(total=total, initial=state["step"], unit="step", desc=f"training eagle-{s.version} head",
                disable=not progress)
     t0 = time.perf_counter() - state["seconds"]
-    try:
-        while state["epoch"] < s.epochs:
-            groups = docs.batches(docs.train, s.batch_tokens, s.seed + state["epoch"])
-            while state["batch"] < len(groups):
-                group = groups[state["batch"]]
-                batch = Batch(cache, group, s.ttt_steps, with_next=s.version == 1).to(device)
-                with trainer.autocast():
-                    loss, acc = trainer.loss(batch)
-                opt.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, s.clip)
-                opt.step()
-                sched.step()
-                state.update(batch=state["batch"] + 1, step=state["step"] + 1, loss=loss.item(), acc=acc,
-                             tokens=state["tokens"] + sum(e - s_ for s_, e in group),
-                             seconds=time.perf_counter() - t0)
-                bar.update(1)
-                post = {"loss": f"{state['loss']:.3f}", "acc": "/".join(f"{x:.2f}" for x in acc)}
-                if state["history"]:
-                    post["val_alpha"] = "/".join(f"{x:.2f}" for x in state["history"][-1]["alpha"][:4])
-                bar.set_postfix(post)
-                if state["step"] in eval_steps:
-                    head.eval()
-                    state["history"].append({"step": state["step"], "tokens_seen": state["tokens"],
-                                             **trainer.evaluate(docs.val)})
-                    head.train()
-                    checkpoint()
-                elif state["step"] % s.checkpoint_every == 0:
-                    checkpoint()
-            state.update(epoch=state["epoch"] + 1, batch=0)
-            checkpoint()
-    except KeyboardInterrupt:
-        checkpoint()
-        bar.close()
-        raise
+    boundary = StepBoundary()
+    with boundary:
+        try:
+            while state["epoch"] < s.epochs:
+                groups = docs.batches(docs.train, s.batch_tokens, s.seed + state["epoch"])
+                while state["batch"] < len(groups):
+                    group = groups[state["batch"]]
+                    batch = Batch(cache, group, s.ttt_steps, with_next=s.version == 1).to(device)
+                    with trainer.autocast():
+                        loss, acc = trainer.loss(batch)
+                    opt.zero_grad()
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(params, s.clip)
+                    opt.step()
+                    sched.step()
+                    state.update(batch=state["batch"] + 1, step=state["step"] + 1, loss=loss.item(), acc=acc,
+                                 tokens=state["tokens"] + sum(e - s_ for s_, e in group),
+                                 seconds=time.perf_counter() - t0)
+                    bar.update(1)
+                    post = {"loss": f"{state['loss']:.3f}", "acc": "/".join(f"{x:.2f}" for x in acc)}
+                    if state["history"]:
+                        post["val_alpha"] = "/".join(f"{x:.2f}" for x in state["history"][-1]["alpha"][:4])
+                    bar.set_postfix(post)
+                    if state["step"] in eval_steps:
+                        head.eval()
+                        state["history"].append({"step": state["step"], "tokens_seen": state["tokens"],
+                                                 **trainer.evaluate(docs.val)})
+                        head.train()
+                        checkpoint()
+                    elif state["step"] % s.checkpoint_every == 0:
+                        checkpoint()
+                    boundary.at_boundary()
+                state.update(epoch=state["epoch"] + 1, batch=0)
+                checkpoint()
+                boundary.at_boundary()
+        except KeyboardInterrupt:
+            if not boundary.hard:  # a second Ctrl-C caught the step midway: keep the last checkpoint
+                checkpoint()
+            bar.close()
+            raise
     bar.close()
     if not state["history"] or state["history"][-1]["step"] != state["step"]:
         state["history"].append({"step": state["step"], "tokens_seen": state["tokens"], **trainer.evaluate(docs.val)})

@@ -109,7 +109,11 @@ def load(folder: str | Path, kind: str, target_folder: str | Path, target_name: 
     folder = Path(folder)
     config = json.loads((folder / CONFIG).read_text())
     if config.get("kind") != kind:
-        raise SpecdecError(f"{folder} holds {config.get('kind')!r} heads, not {kind!r}")
+        there = config.get("kind") or (config.get("specdec") or {}).get("kind")
+        if there is None and "LlamaForCausalLMEagle3" in (config.get("architectures") or []):
+            there = "eagle"
+        what = f"{there!r} heads" if there else "no specdec heads (its config.json names no kind)"
+        raise SpecdecError(f"{folder} holds {what}, not {kind!r}: pass a folder written by `specdec train {kind}`")
     target = config.get("target", {})
     if target.get("fingerprint") != target_fingerprint(target_folder, target.get("fingerprint")):
         raise SpecdecError(

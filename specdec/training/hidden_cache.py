@@ -100,7 +100,9 @@ def build(model, docs: Iterable[list[int]], folder: str | Path, max_tokens: int,
     def save(path: Path, info: dict) -> None:
         for a in out.values():
             a.flush()
-        path.write_text(json.dumps(info, indent=2))
+        tmp = path.with_suffix(".tmp")  # atomic: Ctrl-C mid-write never leaves a half-written progress/meta file
+        tmp.write_text(json.dumps(info, indent=2))
+        tmp.replace(path)
 
     bar = tqdm(total=max_tokens, initial=n, unit="tok", unit_scale=True, desc="target hidden states",
                disable=not progress)

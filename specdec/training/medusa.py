@@ -98,7 +98,8 @@ def evaluate(heads: MedusaHeads, lm_rows: torch.Tensor, cache: HiddenCache, ex: 
     valid = []
     for start in range(0, len(ex.val), 1024):
         idx = ex.val[start:start + 1024]
-        top = (heads(_batch(cache, idx)) @ lm_rows.t()).topk(RANKS, dim=-1).indices.numpy()  # [B, K, R]
+        logits = heads(_batch(cache, idx)) @ lm_rows.t()  # [B, K, Vd]
+        top = logits.topk(min(RANKS, logits.shape[-1]), dim=-1).indices.numpy()  # [B, K, R] (R < RANKS: a tiny vocab)
         target = ex.target[idx]  # [B, K]
         hit = (top == target[:, :, None]) & (target[:, :, None] >= 0)
         ranks.append(np.where(hit.any(-1), hit.argmax(-1), RANKS))
@@ -123,6 +124,58 @@ def _save_checkpoint(path: Path, state: dict) -> None:
     os.replace(tmp, path)
 
 
+class StepBoundary:
+    """Ctrl-C (SIGINT) during a training step is held until the step ends: `at_boundary()` then raises
+    KeyboardInterrupt, so the checkpoint written on Ctrl-C never holds weights one optimizer step ahead of its
+    step count (or a half-applied step). A second Ctrl-C raises at once and sets `hard`: the trainer then
+    keeps its last periodic checkpoint instead of saving a state caught mid-step. Installed only in the main
+    thread over Python's default handler; elsewhere it changes nothing."""
+
+    def __init__(self):
+        self.pending = self.hard = False
+        self.old = None
+
+    def _handler(self, signum, frame):
+        if self.pending:
+            self.hard = True
+            raise KeyboardInterrupt
+        self.pending = True
+
+    def __enter__(self) -> "StepBoundary":
+        import signal
+        import threading
+
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            self.old = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def at_boundary(self) -> None:
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+            self.old = None
+
+
+def check_resumable(path: Path, ck: dict, settings: dict, meta: dict, free=("checkpoint_every",)) -> None:
+    """Refuse to resume a checkpoint made with other settings or data, naming what differs; the settings in
+    `free` (how often to checkpoint; Medusa: the number of epochs) may change between runs."""
+    theirs = ck.get("settings", {})
+    differ = [f"--{k.replace('_', '-')} {theirs.get(k)} (now {v})" for k, v in settings.items()
+              if k not in free and theirs.get(k) != v]
+    if ck.get("cache") != meta:
+        differ.append("the corpus or its hidden states (--data, --tokens, --max-len, --regenerate)")
+    if differ:
+        raise SpecdecError(f"{path} was made with other settings or data: {', '.join(differ)}; pass the same ones, "
+                           "or drop --resume to start over")
+
+
 def train(cache: HiddenCache, lm_weight: torch.Tensor, s: TrainSettings, out: str | Path, resume: bool = False,
           progress: bool = True) -> tuple[dict, dict]:
     """Train K heads from the cache; returns (tensors, report) for `specdec.training.heads.save`.
@@ -140,8 +193,7 @@ def train(cache: HiddenCache, lm_weight: torch.Tensor, s: TrainSettings, out: st
     epoch, batch_no, step, val, seconds, last_loss = 0, 0, 0, None, 0.0, None
     if resume and ckpt_path.exists():
         ck = torch.load(ckpt_path, weights_only=False)
-        if {**ck["settings"], "epochs": s.epochs} != asdict(s) or ck["cache"] != cache.meta:  # more epochs: fine
-            raise SpecdecError(f"{ckpt_path} was made with other settings or data: drop --resume to start over")
+        check_resumable(ckpt_path, ck, asdict(s), cache.meta, free=("epochs", "checkpoint_every"))  # more epochs: fine
         heads.load_state_dict(ck["heads"])
         opt.load_state_dict(ck["opt"])
         epoch, batch_no, step, val, seconds, last_loss = (ck[k] for k in CHECKPOINT_STATE)
@@ -158,33 +210,38 @@ def train(cache: HiddenCache, lm_weight: torch.Tensor, s: TrainSettings, out: st
     bar = tqdm(total=per_epoch * s.epochs, initial=step, unit="step", desc="training medusa heads",
                disable=not progress)
     t0 = time.perf_counter() - seconds
-    try:
-        while epoch < s.epochs:
-            order = np.random.default_rng(s.seed + epoch).permutation(ex.train)
-            while batch_no < per_epoch:
-                idx = order[batch_no * s.batch:(batch_no + 1) * s.batch]
-                logits = heads(_batch(cache, idx)) @ lm_rows.t()  # [B, K, Vd]
-                loss = F.cross_entropy(logits.flatten(0, 1), target[idx].flatten(), ignore_index=-1)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                batch_no, step, last_loss = batch_no + 1, step + 1, loss.item()
-                seconds = time.perf_counter() - t0
-                bar.update(1)
-                post = {"loss": f"{last_loss:.3f}"}
-                if val:
-                    post.update(top1="/".join(f"{a:.2f}" for a in val["top1"]),
-                                top5="/".join(f"{a:.2f}" for a in val["top5"]))
-                bar.set_postfix(post)
-                if step % s.checkpoint_every == 0:
-                    checkpoint()
-            epoch, batch_no = epoch + 1, 0
-            val = evaluate(heads, lm_rows, cache, ex)
-            checkpoint()
-    except KeyboardInterrupt:
-        checkpoint()
-        bar.close()
-        raise
+    boundary = StepBoundary()
+    with boundary:
+        try:
+            while epoch < s.epochs:
+                order = np.random.default_rng(s.seed + epoch).permutation(ex.train)
+                while batch_no < per_epoch:
+                    idx = order[batch_no * s.batch:(batch_no + 1) * s.batch]
+                    logits = heads(_batch(cache, idx)) @ lm_rows.t()  # [B, K, Vd]
+                    loss = F.cross_entropy(logits.flatten(0, 1), target[idx].flatten(), ignore_index=-1)
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    batch_no, step, last_loss = batch_no + 1, step + 1, loss.item()
+                    seconds = time.perf_counter() - t0
+                    bar.update(1)
+                    post = {"loss": f"{last_loss:.3f}"}
+                    if val:
+                        post.update(top1="/".join(f"{a:.2f}" for a in val["top1"]),
+                                    top5="/".join(f"{a:.2f}" for a in val["top5"]))
+                    bar.set_postfix(post)
+                    if step % s.checkpoint_every == 0:
+                        checkpoint()
+                    boundary.at_boundary()
+                epoch, batch_no = epoch + 1, 0
+                val = evaluate(heads, lm_rows, cache, ex)
+                checkpoint()
+                boundary.at_boundary()
+        except KeyboardInterrupt:
+            if not boundary.hard:  # a second Ctrl-C caught the step midway: keep the last checkpoint
+                checkpoint()
+            bar.close()
+            raise
     bar.close()
     val = evaluate(heads, lm_rows, cache, ex)
     acc = val["after_hits"]

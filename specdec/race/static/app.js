@@ -9,15 +9,24 @@ const SVGNS = "http://www.w3.org/2000/svg";
 let CONFIG = null;
 
 async function api(path, options) {
-  const res = await fetch(path, options);
+  let res;
+  try { res = await fetch(path, options); } catch (e) {  // no answer at all: the server has stopped
+    throw new Error("cannot reach the race server (stopped?): start `specdec race` again, then reload this page");
+  }
   let data;
   try { data = await res.json(); } catch (e) { data = { error: `${res.status} ${res.statusText}` }; }
-  if (!res.ok) throw new Error((data && data.error) || `HTTP ${res.status}`);
+  if (!res.ok) {
+    const err = new Error((data && data.error) || `HTTP ${res.status}`);
+    err.status = res.status; err.data = data;
+    throw err;
+  }
   return data;
 }
 const post = (path, body) => api(path, { method: "POST", headers: { "Content-Type": "application/json" },
                                          body: JSON.stringify(body) });
 const fmt = (x, d = 2) => (x === null || x === undefined || !isFinite(x)) ? "–" : Number(x).toFixed(d);
+// a count of positions: whole numbers as they are, a fractional budget's headroom (2.5) not rounded to 3
+const fmtUnits = (x) => (x === null || x === undefined || !isFinite(x)) ? "–" : String(Math.round(x * 100) / 100);
 function showError(id, message) { const e = $(id); e.textContent = message || ""; e.hidden = !message; }
 function debounce(fn, ms) { let t = null; return (...a) => { clearTimeout(t); t = setTimeout(() => fn(...a), ms); }; }
 function svg(tag, attrs, parent, text) {
@@ -67,7 +76,7 @@ class Strip {
 
 // --- the simulated race --------------------------------------------------------------------------
 const SIM = { gen: 0, segment: 0, clock: 0, playing: false, last: 0, fetching: null, pred: null, hist: [],
-              lanes: null, strips: null, shownAt: 0 };
+              lanes: null, strips: null, shownAt: 0, resumeOnFix: false };
 const KNOBS = ["alpha", "k", "tau", "occupancy", "budget", "step_ms", "seed"];
 
 function newLane() { return { buf: [], i: 0, total: 0, lastEnd: 0, bufEnd: 0, segStart: 0, segTokens: 0, segRounds: 0 }; }
@@ -101,10 +110,12 @@ async function fetchMore() {
     SIM.pred = d.prediction;
     showError("sim-error", "");
     showPrediction();
+    if (SIM.resumeOnFix) { SIM.resumeOnFix = false; play(); }  // the knob that stopped it is valid again
   } catch (e) {
     if (gen !== SIM.gen) return;
     showError("sim-error", e.message);
-    pause();
+    if (SIM.playing) SIM.resumeOnFix = true;  // an invalid knob pauses the race until it is fixed
+    pause(false);
   } finally {
     if (SIM.fetching === gen) SIM.fetching = null;
   }
@@ -140,11 +151,12 @@ function frame(now) {
 }
 
 function play() {
+  SIM.resumeOnFix = false;
   if (SIM.playing) return;
   SIM.playing = true; SIM.last = performance.now();
   requestAnimationFrame(frame);
 }
-function pause() { SIM.playing = false; showReadouts(); }
+function pause(byUser = true) { if (byUser) SIM.resumeOnFix = false; SIM.playing = false; showReadouts(); }
 
 function reset() {
   SIM.gen += 1; SIM.segment = 0; SIM.clock = 0; SIM.hist = []; SIM.pred = null;
@@ -170,16 +182,16 @@ function showPrediction() {
   const p = SIM.pred;
   if (!p) return;
   $("r-predicted").textContent = `${fmt(p.speedup)}×`;
-  $("r-predicted-sub").textContent = `at B = 0: ${fmt(p.speedup_free)}× · best k for these knobs: ${p.best_k}`;
+  $("r-predicted-sub").textContent = `at B = 0: ${fmt(p.speedup_free)}× · best k (0–${CONFIG.limits.k_max}) for these knobs: ${p.best_k}`;
   $("v-info").textContent = `${fmt(p.vanilla_ms, 2)} ms per token` +
     (p.vanilla_stretch > 1 ? ` (×${fmt(p.vanilla_stretch)} past the budget)` : "");
   $("s-info").textContent = `k = ${$("k").value}, ${fmt(p.round_ms, 2)} ms per round`;
   $("r-round").textContent = `${fmt(p.round_ms, 2)} ms`;
   $("r-round-sub").textContent = p.verify_stretch > 1 ? `verify stretched ×${fmt(p.verify_stretch, 3)}` : "verify flat (memory-bound)";
   $("r-round").parentElement.classList.toggle("warn", p.verify_stretch > 1);
-  $("r-headroom").textContent = fmt(p.headroom, 0);
+  $("r-headroom").textContent = fmtUnits(p.headroom);
   const budget = Number($("budget").value);
-  $("r-headroom-sub").textContent = `this pass: B + k + 1 = ${fmt(p.demand, 0)}` + (p.demand > budget ? " > budget: compute-bound" : " fits");
+  $("r-headroom-sub").textContent = `this pass: B + k + 1 = ${fmtUnits(p.demand)}` + (p.demand > budget ? " > budget: compute-bound" : " fits");
   $("r-headroom").parentElement.classList.toggle("warn", p.demand > budget);
   drawSurface();
 }
@@ -259,8 +271,12 @@ function setupSim() {
   $("budget-src").addEventListener("change", () => applySource("budget"));
   $("step-src").addEventListener("change", () => applySource("step_ms"));
   $("play").addEventListener("click", play);
-  $("pause").addEventListener("click", pause);
-  $("reset").addEventListener("click", () => { const was = SIM.playing; pause(); reset().then(() => { if (was) play(); }); });
+  $("pause").addEventListener("click", () => pause());
+  $("reset").addEventListener("click", () => {
+    const was = SIM.playing || SIM.resumeOnFix;
+    pause();
+    reset().then(() => { if (was && SIM.pred) play(); else if (was) SIM.resumeOnFix = true; });
+  });
   SIM.strips = { v: new Strip($("v-canvas")), s: new Strip($("s-canvas")) };
   window.addEventListener("resize", debounce(() => { SIM.strips.v.resize(); SIM.strips.s.resize(); }, 200));
   return reset();
@@ -282,6 +298,7 @@ function setupLive() {
   $("go").addEventListener("click", go);
   $("cancel").addEventListener("click", () => LIVE.id && post(`/api/live/${LIVE.id}/cancel`, {}).catch((e) => showError("live-error", e.message)));
   $("replay").addEventListener("click", replay);
+  if (CONFIG.model) followRunning();
 }
 
 function liveBody() {
@@ -291,16 +308,39 @@ function liveBody() {
   return { prompt: $("prompt").value, method: $("method").value, k, max_new_tokens: num("max-new"), temperature: num("temperature") };
 }
 
+function follow(race) {
+  clearInterval(LIVE.timer);
+  LIVE.id = race.id;
+  $("go").disabled = true; $("cancel").disabled = false; $("replay").disabled = true;
+  $("live-progress").hidden = false;
+  progress(race);
+  LIVE.timer = setInterval(poll, 250);
+}
+
 async function go() {
   showError("live-error", "");
   try {
-    const race = await post("/api/live", liveBody());
-    LIVE.id = race.id;
-    $("go").disabled = true; $("cancel").disabled = false; $("replay").disabled = true;
-    $("live-progress").hidden = false;
-    progress(race);
-    LIVE.timer = setInterval(poll, 250);
-  } catch (e) { showError("live-error", e.message); }
+    follow(await post("/api/live", liveBody()));
+  } catch (e) {
+    if (e.status === 409 && e.data && e.data.race_id != null) {  // started elsewhere: show it, let Cancel stop it
+      try {
+        const race = await api(`/api/live/${e.data.race_id}`);
+        if (!["done", "error", "cancelled"].includes(race.state)) {
+          follow(race);
+          showError("live-error", `${e.message} (started from another tab or before a reload): following it here; Cancel stops it`);
+          return;
+        }
+      } catch (e2) { /* gone meanwhile: say what the server said */ }
+    }
+    showError("live-error", e.message);
+  }
+}
+
+async function followRunning() {  // a reload (or a second tab) while a race runs: follow it instead of a 409
+  try {
+    const d = await api("/api/live");
+    if (d.race && !LIVE.timer) follow(d.race);
+  } catch (e) { /* an older server without GET /api/live: Go reports a running race */ }
 }
 
 function progress(d) {
@@ -316,8 +356,9 @@ async function poll() {
   progress(d);
   if (!["done", "error", "cancelled"].includes(d.state)) return;
   stopPolling();
+  showError("live-error", "");
   if (d.state === "error") showError("live-error", d.error);
-  if (d.state === "cancelled") $("live-phase").textContent = "cancelled";
+  if (d.state === "cancelled") { $("live-phase").textContent = "cancelled"; LIVE.id = null; }
   if (d.state === "done") { LIVE.lanes = d.lanes; LIVE.method = d.method; $("live-progress").hidden = true; replay(); }
 }
 function stopPolling() { clearInterval(LIVE.timer); LIVE.timer = null; $("go").disabled = false; $("cancel").disabled = true; }
@@ -422,7 +463,8 @@ async function loadRounds() {
       svg("text", { x: x + cw / 2, y: H - 7, "text-anchor": "middle" }, el, String(d.tokens[j]));
     });
     svg("text", { x: 4, y: 11 }, el, "P(a round emits n tokens)");
-    $("rounds-note").textContent = `E[tokens per round] = ${fmt(d.expected, 4)} · all k accepted plus the bonus (blue): ${(100 * d.full_burst).toFixed(2)}% of rounds`;
+    $("rounds-note").textContent = d.k === 0 ? `E[tokens per round] = ${fmt(d.expected, 4)} · k = 0: every round is one plain step (no drafts, no bonus)`
+      : `E[tokens per round] = ${fmt(d.expected, 4)} · all k accepted plus the bonus (blue): ${(100 * d.full_burst).toFixed(2)}% of rounds`;
   } catch (e) { el.replaceChildren(); $("rounds-note").textContent = e.message; }
 }
 

@@ -1,0 +1,93 @@
+"""`specdec loadtest` as a client: its --url and --out checks, a server that is not there or dies mid-run."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from specdec.errors import SpecdecError
+from specdec.serving import loadtest as L
+
+
+def test_check_loopback_takes_the_printed_base_url_and_refuses_the_rest():
+    assert L.check_loopback("http://127.0.0.1:8000") == "http://127.0.0.1:8000"
+    assert L.check_loopback("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
+    assert L.check_loopback("http://localhost:8000/v1") == "http://localhost:8000"  # what `specdec serve` prints
+    assert L.check_loopback("http://127.0.0.1:8000/v1/") == "http://127.0.0.1:8000"
+    for bad in ("http://10.0.0.1:8000", "127.0.0.1:8000", "ftp://127.0.0.1:1", "http://127.0.0.1:99999",
+                "http://127.0.0.1:8000/v1/chat/completions", "http://127.0.0.1:8000/?x=1"):
+        with pytest.raises(SpecdecError, match="loopback only"):
+            L.check_loopback(bad)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_no_server_is_one_line(tmp_path, capsys):
+    from specdec.cli import main
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    assert main(["loadtest", "--url", url, "--concurrency", "1", "--requests", "1", "--out", str(tmp_path / "a")]) == 2
+    assert f"no server answers at {url}" in capsys.readouterr().err
+    assert main(["loadtest", "--url", url, "--model", "m", "--concurrency", "1", "--requests", "1",
+                 "--out", str(tmp_path / "b")]) == 2  # the model named: the first level finds no server
+    assert f"no server answers at {url}" in capsys.readouterr().err
+
+
+def test_a_bad_out_is_refused_before_any_load(tmp_path, capsys, monkeypatch):
+    from specdec.cli import main
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+
+    def no_load(*a, **kw):
+        raise AssertionError("a level ran")
+
+    monkeypatch.setattr(L, "run_level", no_load)
+    assert main(["loadtest", "--url", "http://127.0.0.1:9", "--model", "m", "--out", str(afile)]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err and afile.read_text() == "x"
+
+
+def test_a_server_that_dies_mid_run_keeps_the_levels_before(tmp_path, capsys, monkeypatch):
+    from specdec.cli import main
+
+    async def level(url, model, prompts, c, requests, *a, **kw):
+        if c == 2:
+            raise L.ServerGone(f"the server at {url} stopped answering during the level at concurrency 2")
+        run = dict(requests=requests, done=[dict(tokens=8, ttft=0.01, gaps=[0.005] * 7, seconds=0.05)] * requests,
+                   errors=[], seconds=0.1 * requests, server=dict.fromkeys(
+                       [*L.SERVER_COUNTERS, *(f"arm_{a}" for a in L.ARMS)], 1.0), ratios={})
+        return L.pooled(c, [run])
+
+    monkeypatch.setattr(L, "run_level", level)
+    out = tmp_path / "lt"
+    assert main(["loadtest", "--url", "http://127.0.0.1:9", "--model", "m", "--concurrency", "1,2,4",
+                 "--requests", "2", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "stopped answering during the level at concurrency 2" in err and "Traceback" not in err
+    levels = json.loads((out / "loadtest.json").read_text())["levels"]
+    assert [lv["concurrency"] for lv in levels] == [1] and levels[0]["throughput"] == pytest.approx(80.0)
+    assert "stopped early" in (out / "loadtest.md").read_text()
+
+
+def test_every_request_refused_stops_with_the_servers_reason(tmp_path, capsys, monkeypatch):
+    """A wrong --model or --api-key: every request of the first level gets a 4xx; loadtest stops there with the
+    server's own message (before: a table of zeros for every level, exit status 0, the reason only in the JSON)."""
+    from specdec.cli import main
+
+    async def level(url, model, prompts, c, requests, *a, **kw):
+        errors = ['RuntimeError: HTTP 404: {"error": {"message": "model nosuch not found"}}'] * requests
+        run = dict(requests=requests, done=[], errors=errors, seconds=0.1, ratios={},
+                   server=dict.fromkeys([*L.SERVER_COUNTERS, *(f"arm_{a}" for a in L.ARMS)], 0.0))
+        return L.pooled(c, [run])
+
+    monkeypatch.setattr(L, "run_level", level)
+    assert main(["loadtest", "--url", "http://127.0.0.1:9", "--model", "nosuch", "--concurrency", "1,2",
+                 "--requests", "2", "--out", str(tmp_path / "lt")]) == 2
+    err = capsys.readouterr().err
+    assert "refused every request at concurrency 1: HTTP 404" in err and "not found" in err
