@@ -136,3 +136,27 @@ def test_prefill_spans_cut_at_multiples_of_the_chunk():
     assert prefill_spans(0, 600) == [(0, 256), (256, 512), (512, 600)]
     assert prefill_spans(100, 300) == [(100, 256), (256, 300)]
     assert prefill_spans(256, 257) == [(256, 257)] and prefill_spans(5, 5) == []
+
+
+def test_release_threads_lets_go_of_the_calling_threads_openmp_workers():
+    """A server decodes in its engine thread after loading in the main one: the main thread's OpenMP pool made
+    libgomp throttle every worker (more of them than CPUs), 25% slower steps on 2 vCPUs. `release_threads`
+    ends the calling thread's pool; parallel code there starts a new one."""
+    import os
+
+    from specdec.runtime.threads import release_threads
+
+    if (os.cpu_count() or 1) < 2 or not os.path.exists("/proc/self/task"):
+        pytest.skip("one CPU (OpenMP keeps no pool of workers) or no /proc")
+    tasks = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the tests run on one thread (conftest)
+    try:
+        a = torch.randn(512, 512)
+        a @ a  # a parallel region: this thread's pool exists now
+        before = tasks()
+        assert release_threads() >= 1
+        assert tasks() == before - 1  # its one worker
+        assert torch.allclose((a @ a)[0], a[0] @ a, rtol=1e-4, atol=1e-3)  # parallel code still runs (a new pool)
+    finally:
+        torch.set_num_threads(threads)
