@@ -344,6 +344,14 @@ def test_export_to_a_file_is_one_line(tmp_path, capsys):
     assert "is a file, not a folder" in capsys.readouterr().err and afile.read_text() == "x"
 
 
+def test_a_medusa_folder_given_for_an_eagle_head_says_so(tmp_path):
+    """It said "not an EAGLE-3 head config (missing 'num_attention_heads')"."""
+    from specdec.drafters.eagle_head import EagleConfig
+
+    with pytest.raises(SpecdecError, match="holds 'medusa' heads, not an EAGLE head"):
+        EagleConfig.from_hf({"format": 1, "kind": "medusa", "heads": 4}, "x/config.json")
+
+
 def test_export_then_import_drafts_the_same(env, tmp_path, monkeypatch, capsys):
     """`specdec export eagle` writes the vLLM/SGLang layout; `--heads` of that folder, with our "specdec" block
     or without it (as a published head), drafts exactly what the original head drafts; generate runs on it."""

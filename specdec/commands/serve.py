@@ -105,7 +105,7 @@ def run(args) -> int:
                     drafters=drafters, prefill_stall=args.prefill_stall)
     app = create_app(engine, args.model, method=args.method, api_key=args.api_key)
     spend = "the measured cost curve" if budget is None else f"a budget of {budget:g} positions"
-    print(f"specdec serve: {args.model} on http://{args.host}:{args.port} (speculation {args.speculation} within "
+    print(f"specdec serve: {args.model} (speculation {args.speculation} within "
           f"{spend}, method {args.method}; methods {', '.join(engine.methods)}; max batch {args.max_batch}"
           + (", API key required" if args.api_key else "") + "); Ctrl-C stops", file=sys.stderr)
 

@@ -30,7 +30,7 @@ def add_corpus_args(p) -> None:
                         "(up to --max-len tokens in all) and the heads learn from its own answers, not the "
                         "corpus's (HASS, EAGLE-3's released recipe)")
     p.add_argument("--device", default="cpu",
-                   help="where the target runs over the corpus (and the EAGLE head trains): cpu (default; fp32 "
+                   help="where the target runs over the corpus (EAGLE: and where its head trains): cpu (default; fp32 "
                         "target) or cuda / cuda:N (bf16 target, batched)")
 
 

@@ -160,6 +160,9 @@ class EagleConfig:
         """Read a config.json: ours (its "specdec" block), or a published EAGLE-3 head's (target unknown;
         aux layers from eagle_config (layer outputs), else the top-level ids (layer inputs), else None:
         the caller fills the default for the target)."""
+        if d.get("kind") not in (None, "eagle"):  # another kind of specdec heads (Medusa's config.json)
+            raise SpecdecError(f"{source}: holds {d['kind']!r} heads, not an EAGLE head: pass a folder written by "
+                               "`specdec train eagle` (or a published EAGLE-3 head)")
         if isinstance(d.get("specdec"), dict):
             mine = {k: v for k, v in d["specdec"].items() if k != "kind"}
             return cls.from_dict(mine)

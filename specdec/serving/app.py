@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import sys
 import threading
 import time
 import uuid
@@ -400,6 +401,13 @@ class Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, engine: Engine, grace: float = 5.0):
         super().__init__(config)
         self.engine, self.grace = engine, grace
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:  # where it listens: with --port 0, the port the system chose
+            host, port = self.servers[0].sockets[0].getsockname()[:2]
+            print(f"specdec serve: ready on http://{f'[{host}]' if ':' in host else host}:{port}", file=sys.stderr,
+                  flush=True)
 
     def handle_exit(self, sig, frame) -> None:
         if not self.should_exit:
