@@ -340,8 +340,7 @@ def train(cache: HiddenCache, target, name: str, fingerprint: str, s: TrainSetti
     bar = tqdm(total=total, initial=state["step"], unit="step", desc=f"training eagle-{s.version} head",
                disable=not progress)
     t0 = time.perf_counter() - state["seconds"]
-    boundary = StepBoundary()
-    with boundary:
+    with StepBoundary(checkpoint) as boundary:  # Ctrl-C: held to the step's end, then a checkpoint
         try:
             while state["epoch"] < s.epochs:
                 groups = docs.batches(docs.train, s.batch_tokens, s.seed + state["epoch"])
@@ -375,12 +374,8 @@ def train(cache: HiddenCache, target, name: str, fingerprint: str, s: TrainSetti
                 state.update(epoch=state["epoch"] + 1, batch=0)
                 checkpoint()
                 boundary.at_boundary()
-        except KeyboardInterrupt:
-            if not boundary.hard:  # a second Ctrl-C caught the step midway: keep the last checkpoint
-                checkpoint()
+        finally:
             bar.close()
-            raise
-    bar.close()
     if not state["history"] or state["history"][-1]["step"] != state["step"]:
         state["history"].append({"step": state["step"], "tokens_seen": state["tokens"], **trainer.evaluate(docs.val)})
     head.cfg.training = {

@@ -126,12 +126,18 @@ def _save_checkpoint(path: Path, state: dict) -> None:
 
 class StepBoundary:
     """Ctrl-C (SIGINT) during a training step is held until the step ends: `at_boundary()` then raises
-    KeyboardInterrupt, so the checkpoint written on Ctrl-C never holds weights one optimizer step ahead of its
-    step count (or a half-applied step). A second Ctrl-C raises at once and sets `hard`: the trainer then
-    keeps its last periodic checkpoint instead of saving a state caught mid-step. Installed only in the main
-    thread over Python's default handler; elsewhere it changes nothing."""
+    KeyboardInterrupt, and leaving the block on it calls `save`, so the checkpoint written on Ctrl-C never holds
+    weights one optimizer step ahead of its step count (or a half-applied step). A second Ctrl-C raises at once
+    and sets `hard`: the last periodic checkpoint is kept instead of a state caught mid-step. Installed only in
+    the main thread over Python's default handler; elsewhere it only saves on a KeyboardInterrupt.
 
-    def __init__(self):
+        with StepBoundary(checkpoint) as boundary:
+            for batch in batches:
+                step(batch)
+                boundary.at_boundary()"""
+
+    def __init__(self, save=lambda: None):
+        self.save = save
         self.pending = self.hard = False
         self.old = None
 
@@ -155,12 +161,14 @@ class StepBoundary:
             self.pending = False
             raise KeyboardInterrupt
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, value, traceback) -> None:
         import signal
 
         if self.old is not None:
             signal.signal(signal.SIGINT, self.old)
             self.old = None
+        if kind is KeyboardInterrupt and not self.hard:
+            self.save()
 
 
 def check_resumable(path: Path, ck: dict, settings: dict, meta: dict, free=("checkpoint_every",)) -> None:
@@ -210,8 +218,7 @@ def train(cache: HiddenCache, lm_weight: torch.Tensor, s: TrainSettings, out: st
     bar = tqdm(total=per_epoch * s.epochs, initial=step, unit="step", desc="training medusa heads",
                disable=not progress)
     t0 = time.perf_counter() - seconds
-    boundary = StepBoundary()
-    with boundary:
+    with StepBoundary(checkpoint) as boundary:  # Ctrl-C: held to the step's end, then a checkpoint
         try:
             while epoch < s.epochs:
                 order = np.random.default_rng(s.seed + epoch).permutation(ex.train)
@@ -237,12 +244,8 @@ def train(cache: HiddenCache, lm_weight: torch.Tensor, s: TrainSettings, out: st
                 val = evaluate(heads, lm_rows, cache, ex)
                 checkpoint()
                 boundary.at_boundary()
-        except KeyboardInterrupt:
-            if not boundary.hard:  # a second Ctrl-C caught the step midway: keep the last checkpoint
-                checkpoint()
+        finally:
             bar.close()
-            raise
-    bar.close()
     val = evaluate(heads, lm_rows, cache, ex)
     acc = val["after_hits"]
     order = calibrated_paths(acc, MAX_TREE)
