@@ -563,6 +563,8 @@ def test_quality_cli_dtype_list_and_task_count(tiny_folder, capsys):
     assert [r["dtype"] for r in json.loads(capsys.readouterr().out)] == ["float32", "q4"]
     assert main(["quality", "--model", str(tiny_folder), "--dtype", " , ", "--ref", "fp32"]) == 2
     assert "--dtype names no format" in capsys.readouterr().err
+    assert main(["quality", "--model", str(tiny_folder), "--dtype", "bogus", "--ref", "fp32"]) == 2
+    assert "not 'bogus': give --dtype and --ref from q4, q8, bf16, fp32" in capsys.readouterr().err  # no "auto"
     available = len(resolve_prompts("humanevalfix").read_text().splitlines())
     assert main(["quality", "--model", str(tiny_folder), "--dtype", "q8", "--ref", "fp32",
                  "--tasks", str(available + 1000)]) == 0

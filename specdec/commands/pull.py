@@ -40,8 +40,8 @@ def run(args) -> int:
     from specdec import store
 
     t0 = time.time()
-    name = args.name
-    folder = store.pull(name, progress=not args.quiet, force=args.force)
+    folder = store.pull(args.name, progress=not args.quiet, force=args.force)
+    name = folder.name  # the model's own name, however it was typed
     dt = time.time() - t0
     already = (folder / store.MARKER).stat().st_mtime < t0  # nothing was converted just now
     if already:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+FORMATS = ("q4", "q8", "bf16", "fp32")  # what `specdec quality` scores
+
 
 def register(sub) -> None:
     from specdec.commands.generate import KV_DTYPES
@@ -35,8 +37,10 @@ def run(args) -> int:
     if args.tasks < 1:
         raise SpecdecError("--tasks must be at least 1")
     names = list(dict.fromkeys(d.strip() for d in args.dtype.split(",") if d.strip()))  # q4,q4: scored once
-    if "auto" in names + [args.ref]:
-        raise SpecdecError("specdec quality scores named formats: give --dtype and --ref from q4, q8, bf16, fp32")
+    for d in names + [args.ref]:  # named formats only: auto is whichever this machine would load
+        if d not in FORMATS:
+            raise SpecdecError(f"specdec quality scores named formats, not {d!r}: give --dtype and --ref from "
+                               f"{', '.join(FORMATS)}")
     if not names:
         raise SpecdecError(f"--dtype names no format ({args.dtype!r}): give one or more of q4, q8, bf16, fp32, "
                            "comma-separated")
