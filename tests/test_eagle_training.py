@@ -3,6 +3,7 @@ forward), the draft vocabulary's d2t/t2d round trip, the training-time-test unro
 computes at inference (full-sequence call for step 0, KV-cache replay for later steps), the unrolled loss
 going down, an interrupted run resuming to the same head."""
 
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -129,17 +130,17 @@ def test_training_time_test_lowers_the_unrolled_loss_and_resumes_exactly(env, ca
     calls = {"n": 0}
     real = E.Trainer.loss
 
-    def interrupted(self, batch):  # Ctrl-C in the 8th step (after the checkpoint at step 5)
+    def interrupted(self, batch):  # Ctrl-C in the 8th step (after the checkpoint at step 5): held to its end
         calls["n"] += 1
         if calls["n"] == 8:
-            raise KeyboardInterrupt
+            signal.raise_signal(signal.SIGINT)
         return real(self, batch)
 
     monkeypatch.setattr(E.Trainer, "loss", interrupted)
     with pytest.raises(KeyboardInterrupt):
         E.train(cache, env["target"], "tiny", "fp", s, tmp_path / "b", progress=False)
     monkeypatch.setattr(E.Trainer, "loss", real)
-    assert torch.load(tmp_path / "b" / E.CHECKPOINT, weights_only=False)["state"]["step"] == 7
+    assert torch.load(tmp_path / "b" / E.CHECKPOINT, weights_only=False)["state"]["step"] == 8
     resumed = E.train(cache, env["target"], "tiny", "fp", s, tmp_path / "b", resume=True, progress=False)
     assert resumed.cfg.training["steps"] == t["steps"]
     for k, v in head.state_dict().items():

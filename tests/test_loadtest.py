@@ -14,7 +14,7 @@ from specdec.serving import loadtest as L
 def test_check_loopback_takes_the_printed_base_url_and_refuses_the_rest():
     assert L.check_loopback("http://127.0.0.1:8000") == "http://127.0.0.1:8000"
     assert L.check_loopback("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
-    assert L.check_loopback("http://localhost:8000/v1") == "http://localhost:8000"  # what `specdec serve` prints
+    assert L.check_loopback("http://localhost:8000/v1") == "http://localhost:8000"  # an OpenAI base URL
     assert L.check_loopback("http://127.0.0.1:8000/v1/") == "http://127.0.0.1:8000"
     for bad in ("http://10.0.0.1:8000", "127.0.0.1:8000", "ftp://127.0.0.1:1", "http://127.0.0.1:99999",
                 "http://127.0.0.1:8000/v1/chat/completions", "http://127.0.0.1:8000/?x=1"):

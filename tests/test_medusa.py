@@ -4,6 +4,7 @@ training (loss goes down, an interrupted run resumes to the same heads), heads r
 target, typical acceptance only when asked."""
 
 import copy
+import signal
 
 import numpy as np
 from collections import defaultdict
@@ -324,17 +325,17 @@ def test_training_lowers_the_loss_and_resumes_exactly(env, hidden, tmp_path, mon
     calls = {"n": 0}
     real = T.F.cross_entropy
 
-    def interrupted(*a, **kw):  # Ctrl-C in the 13th step (after the checkpoint at step 10)
+    def interrupted(*a, **kw):  # Ctrl-C in the 13th step (after the checkpoint at step 10): held to its end
         calls["n"] += 1
         if calls["n"] == 13:
-            raise KeyboardInterrupt
+            signal.raise_signal(signal.SIGINT)
         return real(*a, **kw)
 
     monkeypatch.setattr(T.F, "cross_entropy", interrupted)
     with pytest.raises(KeyboardInterrupt):
         T.train(hidden, lm, s, tmp_path / "b", progress=False)
     monkeypatch.setattr(T.F, "cross_entropy", real)
-    assert torch.load(tmp_path / "b" / T.CHECKPOINT, weights_only=False)["step"] == 12  # saved on Ctrl-C
+    assert torch.load(tmp_path / "b" / T.CHECKPOINT, weights_only=False)["step"] == 13  # saved at the step's end
     resumed, report_b = T.train(hidden, lm, s, tmp_path / "b", resume=True, progress=False)
     assert report_b["training"]["steps"] == report["training"]["steps"]
     assert torch.equal(resumed["weight"], full["weight"]) and torch.equal(resumed["bias"], full["bias"])
@@ -498,7 +499,7 @@ def test_a_tiny_draft_vocabulary_trains_and_resume_names_what_differs(env, hidde
     _, again = T.train(hidden, lm, more, tmp_path / "a", resume=True, progress=False)
     assert again["training"]["steps"] == 2 * report["training"]["steps"]
     other = T.TrainSettings(heads=K, epochs=2, batch=32, lr=3e-3, draft_vocab=4, checkpoint_every=7)
-    with pytest.raises(SpecdecError, match=r"--batch 64 \(now 32\).*drop --resume"):
+    with pytest.raises(SpecdecError, match=r"batch 64 \(now 32\).*drop --resume"):
         T.train(hidden, lm, other, tmp_path / "a", resume=True, progress=False)
 
 
@@ -538,3 +539,20 @@ def test_resume_without_a_checkpoint_is_refused_before_the_corpus_pass(tmp_path,
         assert main(["train", kind, "--model", "no-such-model", "--out", str(tmp_path / kind), "--resume"]) == 2
         err = capsys.readouterr().err
         assert "--resume: no checkpoint in" in err and "unknown model" not in err
+
+
+def test_step_boundary_saves_only_a_whole_step():
+    """Ctrl-C after the last step's end saves as the block ends (it was lost); a KeyboardInterrupt raised anywhere
+    but at a step's end (mid-step: weights and count may disagree) keeps the last periodic checkpoint."""
+    from specdec.training.medusa import StepBoundary
+
+    saved = []
+    with pytest.raises(KeyboardInterrupt):
+        with StepBoundary(lambda: saved.append("step end")) as boundary:
+            boundary.at_boundary()
+            signal.raise_signal(signal.SIGINT)  # held: no step boundary follows
+    assert saved == ["step end"]
+    with pytest.raises(KeyboardInterrupt):
+        with StepBoundary(lambda: saved.append("mid-step")):
+            raise KeyboardInterrupt
+    assert saved == ["step end"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -334,6 +334,7 @@ def test_measured_budget_for_auto_is_the_q4_probe_of_a_4bit_gguf(tmp_path, monke
     import specdec.runtime.loader as loader
     import specdec.store as store
     from specdec.probe import ProbeResult, save
+    import specdec.race.server as race_server
     from specdec.race.server import measured_defaults
     from specdec.runtime.kernels import quant
 
@@ -345,10 +346,12 @@ def test_measured_budget_for_auto_is_the_q4_probe_of_a_4bit_gguf(tmp_path, monke
     monkeypatch.setattr(store, "resolve", lambda name, pull=True: tmp_path)
     monkeypatch.setattr(loader, "gguf_is_q4", lambda folder: True)
     monkeypatch.setattr(quant, "isa", lambda: "vnni512")
+    monkeypatch.setattr(race_server, "_AUTO", {})
     m = measured_defaults("m4", None)
     assert m["dtype"] == "q4" and m["step_ms"] == pytest.approx(5.0)
     assert measured_defaults("m4", "fp32")["dtype"] == "float32"  # an explicit --dtype reads its own
     monkeypatch.setattr(loader, "gguf_is_q4", lambda folder: False)  # bf16 or fp32, as this CPU loads it
+    monkeypatch.setattr(race_server, "_AUTO", {})  # resolved once per model: forget m4's q4
     assert measured_defaults("m4", None)["dtype"] == str(loader.resolve_dtype(None, tmp_path)).replace("torch.", "")
 
 

@@ -141,22 +141,27 @@ def test_prefill_spans_cut_at_multiples_of_the_chunk():
 def test_release_threads_lets_go_of_the_calling_threads_openmp_workers():
     """A server decodes in its engine thread after loading in the main one: the main thread's OpenMP pool made
     libgomp throttle every worker (more of them than CPUs), 25% slower steps on 2 vCPUs. `release_threads`
-    ends the calling thread's pool; parallel code there starts a new one."""
+    ends the calling thread's pool; parallel code there starts a new one. In a fresh process, where no other
+    test's threads come and go."""
     import os
-
-    from specdec.runtime.threads import release_threads
+    import subprocess
+    import sys
 
     if (os.cpu_count() or 1) < 2 or not os.path.exists("/proc/self/task"):
         pytest.skip("one CPU (OpenMP keeps no pool of workers) or no /proc")
-    tasks = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # the tests run on one thread (conftest)
-    try:
-        a = torch.randn(512, 512)
-        a @ a  # a parallel region: this thread's pool exists now
-        before = tasks()
-        assert release_threads() >= 1
-        assert tasks() == before - 1  # its one worker
-        assert torch.allclose((a @ a)[0], a[0] @ a, rtol=1e-4, atol=1e-3)  # parallel code still runs (a new pool)
-    finally:
-        torch.set_num_threads(threads)
+    script = """
+import os, torch
+from specdec.runtime.threads import release_threads
+torch.set_num_threads(2)
+tasks = lambda: len(os.listdir("/proc/self/task"))
+a = torch.randn(512, 512)
+a @ a  # a parallel region: this thread's pool exists now
+before = tasks()
+assert release_threads() >= 1
+assert tasks() == before - 1, (before, tasks())  # its one worker
+assert torch.allclose((a @ a)[0], a[0] @ a, rtol=1e-4, atol=1e-3)  # parallel code still runs (a new pool)
+"""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=root))
+    assert r.returncode == 0, r.stderr

@@ -4,6 +4,7 @@ greedy outputs, SSE framing, bad requests -> 400 with an OpenAI-style error, the
 client frees its slot, /metrics names, and Ctrl-C exits cleanly."""
 
 import json
+import queue
 import os
 import signal
 import statistics
@@ -314,8 +315,15 @@ def test_ctrl_c_exits_cleanly(tiny):
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--model", folder, "--dtype", "fp32",
                              "--port", "0", "--budget", "4"], env=env, stderr=subprocess.PIPE, text=True)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
     try:
-        ready = next(line for line in proc.stderr if "ready on" in line)
+        ready, end = "", time.time() + 60
+        while "ready on" not in ready:
+            try:
+                ready = lines.get(timeout=max(end - time.time(), 0.01))
+            except queue.Empty:
+                pytest.fail("no 'ready on' line within 60 s")
         url = ready.split("ready on ")[1].strip()
         assert url.startswith("http://127.0.0.1:") and not url.endswith(":0")
         assert httpx.get(url + "/health").status_code == 200

@@ -7,8 +7,8 @@ PY=.venv/bin/python
 $PY -c "import sys; from specdec.cli import main; sys.exit(main(['serve','--speculation','never','--port','8801']))" 2>/dev/null &
 A=$!
 $PY -c "
-import sys, specdec.serving.app as app
-app.release_threads = lambda: 0  # the pool kept, as before
+import sys, specdec.runtime.threads as threads
+threads.release_threads = lambda: 0  # the pool kept, as before
 from specdec.cli import main; sys.exit(main(['serve','--speculation','never','--port','8802']))" 2>/dev/null &
 B=$!
 until curl -s localhost:8801/health >/dev/null && curl -s localhost:8802/health >/dev/null; do sleep 2; done

@@ -12,3 +12,7 @@ benchmarks/s28/release_ab.sh | tee $B/release-ab.txt
 .venv/bin/specdec loadtest --serve auto,always,never --model qwen2.5-coder-1.5b --dtype q4 --method recycling \
     --prompts humanevalfix --concurrency 1,4,16 --waves 2 --repeat 6 --max-tokens 32 --timeout 900 \
     --out $B/serve-qwen1.5b-recycling
+# the 1.5B's two other levels, the same command
+.venv/bin/specdec loadtest --serve auto,always,never --model qwen2.5-coder-1.5b --dtype q4 --method recycling \
+    --prompts humanevalfix --concurrency 2,8 --waves 2 --repeat 6 --max-tokens 32 --timeout 900 \
+    --out $B/serve-qwen1.5b-recycling-2-8

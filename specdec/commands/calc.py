@@ -69,11 +69,11 @@ def _arg(x: float) -> str:
 
 def _fixed(x: float, digits: int) -> str:
     """x to `digits` decimals, unless that hides it: a break-even alpha of 0.99999 is not 1.0000, nor a
-    speedup of 3e-05 0.000."""
+    speedup of 3.33e-05 0.000."""
     text = f"{x:.{digits}f}"
-    if x != 0 and (float(text) == 0 or (float(text) != x and abs(float(text)) == 1 and abs(x) < 1)):
-        return f"{x:.{digits}g}" if float(text) == 0 else format(x, ".10g")
-    return text
+    if not x or float(text) == x or float(text) not in (0, 1, -1):
+        return text
+    return f"{x:.{digits}g}" if float(text) == 0 else repr(x)
 
 
 def run(args: argparse.Namespace) -> int:

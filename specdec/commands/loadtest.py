@@ -40,8 +40,8 @@ def register(sub) -> None:
                                    "inter-token latency and errors, as Markdown, JSON and a plot. Loopback only; each level "
                                    "is bounded by --requests and --timeout. With --serve, start one server per "
                                    "speculation mode (each on a free port) and interleave the modes at every level.")
-    p.add_argument("--url", default=None, help="a running server, e.g. http://127.0.0.1:8000 or the http://127.0.0.1:8000/v1 that `specdec "
-                        "serve` prints (loopback only)")
+    p.add_argument("--url", default=None, help="a running server, e.g. http://127.0.0.1:8000 (what `specdec serve` prints when ready), "
+                        "or its /v1 base URL (loopback only)")
     p.add_argument("--serve", type=modes_arg, default=None, metavar="MODES",
                    help="instead of --url: start `specdec serve --speculation MODE` for each of these modes "
                         "(e.g. auto,always,never) with --model, --dtype, --budget, --max-batch and --method")

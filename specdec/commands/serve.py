@@ -78,6 +78,7 @@ def run(args) -> int:
 
     from specdec.api import LLM
     from specdec.errors import SpecdecError
+    from specdec.runtime.threads import release_threads
     from specdec.serving.app import Server, create_app
     from specdec.serving.engine import Engine, check_stall
 
@@ -111,6 +112,7 @@ def run(args) -> int:
 
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                             timeout_graceful_shutdown=args.grace + 5)
+    release_threads()  # the model ran in this thread (loading, the cost curve): its OpenMP pool would slow the engine's
     try:
         Server(config, engine, args.grace).run()
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled, once it has shut down (as uvicorn.run)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import sys
-import time
+
+CHECKPOINT = "checkpoint.pt"  # the trainers' checkpoint file (`training.medusa.CHECKPOINT`; not imported: torch)
 
 DEFAULT_TOKENS = 100_000
 
@@ -167,22 +168,20 @@ def check_resume(args, out) -> None:
     """--resume without a checkpoint in the output folder: said before the target runs over the corpus."""
     from specdec.errors import SpecdecError
 
-    if args.resume and not (out / "checkpoint.pt").exists():
+    if args.resume and not (out / CHECKPOINT).exists():
         raise SpecdecError(f"--resume: no checkpoint in {out} (give the --out of the interrupted run, or drop --resume)")
 
 
-def interrupted(out, since: float, ckpt: str = "checkpoint.pt") -> int:
-    """Ctrl-C during training: the trainer wrote its checkpoint; say where and how to continue (status 130).
-    `since`: when this run began (an older checkpoint there is another run's)."""
-    import os
-
-    where = out / ckpt
-    if where.exists() and os.path.getmtime(where) >= since:
+def interrupted(out) -> int:
+    """Ctrl-C during training: the trainer saved at the end of the step it was in (or, on a second Ctrl-C, kept its
+    last checkpoint); say where and how to continue (status 130)."""
+    where = out / CHECKPOINT
+    if where.exists():
         print(f"interrupted: the checkpoint in {where} is intact; continue with the same command and --resume",
               file=sys.stderr)
     else:
-        print("interrupted before training began (no checkpoint written); a cached corpus pass continues where "
-              "it last saved its progress", file=sys.stderr)
+        print("interrupted before the first checkpoint; a cached corpus pass continues where it last saved its "
+              "progress", file=sys.stderr)
     return 130
 
 
@@ -196,7 +195,6 @@ def run_medusa(args) -> int:
     check_run_args(args, ("tokens", "max_len", "epochs", "heads", "draft_vocab", "batch", "checkpoint_every"))
     out = Path(args.out).expanduser() if args.out else heads.store_dir(args.model, "medusa")
     check_resume(args, out)
-    since = time.time()
     try:
         model, fp, data, where, cache = target_and_cache(args)
         s = TrainSettings(heads=args.heads, epochs=args.epochs, batch=args.batch, lr=args.lr,
@@ -204,7 +202,7 @@ def run_medusa(args) -> int:
         tensors, report = train(cache, model.lm_head.matrix().float().cpu(), s, out, resume=args.resume,
                                 progress=not args.quiet)
     except KeyboardInterrupt:
-        return interrupted(out, since)
+        return interrupted(out)
     config = {"kind": "medusa", "target": {"name": args.model, "fingerprint": fp},
               "data": {"sources": data, "tokens": len(cache), "documents": cache.meta["documents"],
                        "max_len": args.max_len, "hidden_cache": where.name}, **report}
@@ -237,7 +235,6 @@ def run_eagle(args) -> int:
     out = Path(args.out).expanduser() if args.out else heads.store_dir(args.model, "eagle" if args.version == 3
                                                                         else "eagle1")
     check_resume(args, out)
-    since = time.time()
     try:
         model, fp, data, where, cache = target_and_cache(args, lambda n: default_aux_layers(args.version, n))
         s = TrainSettings(version=args.version, epochs=args.epochs, ttt_steps=args.ttt_steps,
@@ -246,7 +243,7 @@ def run_eagle(args) -> int:
         head = train(cache, model, args.model, fp, s, out, resume=args.resume, progress=not args.quiet,
                      device=model.device)
     except KeyboardInterrupt:
-        return interrupted(out, since)
+        return interrupted(out)
     head.cfg.training["data"] = {"sources": data, "max_len": args.max_len, "hidden_cache": where.name}
     copy.deepcopy(head).half().save(out)
     t = head.cfg.training

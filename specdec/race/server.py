@@ -102,13 +102,18 @@ def _auto_dtype_names(model: str, runner: LiveRunner | None) -> list[str]:
         return [loaded]
     if model.lower().endswith(".gguf"):  # resolving it would convert it (minutes): its probe says its dtype
         return ["q4", "bfloat16", "float32"]
-    try:
-        from specdec.runtime.loader import resolve_dtype
-        from specdec.store import resolve
+    if model not in _AUTO:  # once per model: resolving says its choice on stderr (and may build a kernel)
+        try:
+            from specdec.runtime.loader import resolve_dtype
+            from specdec.store import resolve
 
-        return [str(resolve_dtype(None, resolve(model, pull=False))).replace("torch.", "")]
-    except (SpecdecError, OSError, ValueError, KeyError, TypeError):
-        return ["bfloat16", "float32"]
+            _AUTO[model] = [str(resolve_dtype(None, resolve(model, pull=False))).replace("torch.", "")]
+        except (SpecdecError, OSError, ValueError, KeyError, TypeError):
+            return ["bfloat16", "float32"]  # not pulled yet: asked again on the next page load
+    return _AUTO[model]
+
+
+_AUTO: dict[str, list[str]] = {}  # model -> what --dtype auto resolves to, as the probe cache names it
 
 
 def _message(errors: list[dict]) -> str:

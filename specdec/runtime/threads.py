@@ -16,17 +16,19 @@ The calling thread's pool comes back if it runs parallel code again; the other t
 from __future__ import annotations
 
 import ctypes
+import re
 
+LIBGOMP = re.compile(r"libgomp(-[0-9a-f]+)?\.so")  # libgomp.so.1, a wheel's libgomp-a34b3233.so.1; not its plugins
 OMP_PAUSE_SOFT = 1  # OpenMP 5.0's omp_pause_soft: stop the threads, keep what can be restarted cheaply
 
 
 def release_threads() -> int:
     """Release the calling thread's OpenMP worker threads in every libgomp the process has loaded (`omp_pause_
-    resource_all(omp_pause_soft)`). Returns how many runtimes released them (0 where there is none, e.g. not
-    Linux, or another OpenMP runtime)."""
+    resource_all(omp_pause_soft)`). Returns how many runtimes took the call (1 with torch's libgomp, whether or not
+    this thread had a pool; 0 where there is none: not Linux, or another OpenMP runtime)."""
     try:
         with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if line.rstrip().rsplit("/", 1)[-1].startswith("libgomp")})
+            paths = sorted({line.split()[-1] for line in maps if LIBGOMP.match(line.rstrip().rsplit("/", 1)[-1])})
     except OSError:
         return 0
     released = 0

@@ -46,7 +46,6 @@ from starlette.exceptions import HTTPException
 
 from specdec.decode import Request as DecodeRequest
 from specdec.errors import SpecdecError
-from specdec.runtime.threads import release_threads
 from specdec.sampling import SamplingParams
 from specdec.serving.engine import Engine, Event, Job
 
@@ -179,7 +178,6 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
     @asynccontextmanager
     async def lifespan(app):
         stop = threading.Event()
-        release_threads()  # the model ran here (loading, the cost curve): its OpenMP pool would slow the engine's
         thread = threading.Thread(target=engine.serve, args=(stop,), name="specdec-engine", daemon=True)
         thread.start()
         yield

@@ -34,16 +34,18 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def check_loopback(url: str) -> str:
-    """The base URL (no trailing slash), refusing any host but this machine's loopback. The `/v1` that
-    `specdec serve` prints (its OpenAI base URL) is dropped; any other path, a query or a bad port is refused.
+    """The base URL (no trailing slash), refusing any host but this machine's loopback. A trailing `/v1` (the
+    OpenAI base URL a client is given) is dropped; any other path, a query or a bad port is refused.
     Example: "http://127.0.0.1:8000/v1/" -> "http://127.0.0.1:8000"."""
     usage = f"--url must be http://127.0.0.1:PORT or http://localhost:PORT (loopback only), got {url!r}"
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or parsed.hostname not in LOOPBACK:
         raise SpecdecError(usage)
     try:
-        parsed.port
+        port = parsed.port
     except ValueError:
+        port = 0
+    if port == 0:
         raise SpecdecError(f"{usage}: the port must be an integer from 1 to 65535") from None
     path = parsed.path.rstrip("/")
     if path not in ("", "/v1") or parsed.query or parsed.fragment or parsed.params:
@@ -53,7 +55,7 @@ def check_loopback(url: str) -> str:
 
 def unreachable(url: str, e: Exception) -> SpecdecError:
     """The one-line error for a server that does not answer (none started, a wrong port, or it died)."""
-    return SpecdecError(f"no server answers at {url} ({type(e).__name__}: {e or 'no response'}): start one with "
+    return SpecdecError(f"no server answers at {url} ({type(e).__name__}: {str(e) or 'no response'}): start one with "
                         "`specdec serve --model NAME`, or check --url")
 
 
@@ -81,7 +83,8 @@ def median_interval(xs: list[float], confidence: float = 0.95) -> tuple[float, f
 
 
 class ServerGone(SpecdecError):
-    """The server stopped answering during a level (its levels measured before it are still good)."""
+    """The server does not answer at a level's start or stopped during it (the levels measured before it are
+    still good)."""
 
 
 async def one_request(client: httpx.AsyncClient, url: str, body: dict, headers: dict) -> dict:
@@ -125,8 +128,8 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
 
     try:
         before, _ = await server_counters(url)
-    except httpx.HTTPError as e:
-        raise unreachable(url, e) from None
+    except httpx.HTTPError as e:  # none there, or it died after the last level: the levels before it stand
+        raise ServerGone(str(unreachable(url, e))) from None
     t0 = time.perf_counter()
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout)) as client:
         tasks = [asyncio.create_task(worker(i, client)) for i in range(requests)]
@@ -141,7 +144,7 @@ async def run_level(url: str, model: str, prompts: list[str], concurrency: int, 
         after, ratios = await server_counters(url)
     except httpx.HTTPError as e:  # it died during the level: its requests are errors, its counters are gone
         raise ServerGone(f"the server at {url} stopped answering during the level at concurrency {concurrency} "
-                         f"({len(done)} of {requests} requests completed; {type(e).__name__}: {e or 'no response'})"
+                         f"({len(done)} of {requests} requests completed; {type(e).__name__}: {str(e) or 'no response'})"
                          ) from None
     run = dict(requests=requests, done=done, errors=errors, seconds=wall,
                server={k: after[k] - before[k] for k in after}, ratios=ratios.get(ModePicker.span(concurrency), {}))

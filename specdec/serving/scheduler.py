@@ -42,22 +42,22 @@ packed step over B requests also pays per request (attention over each cache, ve
 can misjudge where speculation stops paying. So auto keeps, per batch size (in buckets 1, 2, 3-4, 5-8, ...), a
 current arm among three: the model's grants ("model"), none ("never") and every ask ("always"). A bucket starts on
 the model's grants, or on never where its batches fill the budget line the curve implies (`ModePicker`'s `line`).
-One step in `explore` runs another arm, and its tokens against the tokens the current arm makes in the same time
-(its running rate over the steps just before) are one sample of their ratio: paired in time, so the machine's own
-drift (its speed moves by a third over minutes) cancels out. An arm takes over when its samples say it is faster by
-more than `margin` with two standard errors to spare; a step's tokens are random (how much of its drafts the target
-accepts), so a small or unproven difference never flaps the choice. A tie goes to never: it takes over from an arm
-that speculates once its samples say it is slower by no more than `margin` (two standard errors to spare), since at
-equal throughput its steps are shorter and so is the tail of the inter-token latency (SmolLM2 q4 on a 2-core Xeon,
-session 20: at 8 and 16 clients auto stayed on the model's grants at 0.98 and 0.97x never's throughput with 1.19 and
-1.29x its p99 inter-token latency). Going back takes a proof of more than `margin` the other way, so the two rules
-cannot flap. Example: at B = 8 the model's grants make 290 tok/s and never 320: a never step makes 8 tokens in 25
-ms, where the model's grants make 7.25; it beats them by 1.02 if 8 - 1.02 x 7.25 = 0.61 > 0 on average. With
-per-step noise of 15% (sd 1.1 tokens), 16 samples (256 steps) put two standard errors at 0.55: never takes over. At
-B = 1 always's tie with the model, or never's deficit, moves nothing. A proof carries over to the buckets the budget
-argument covers (`ModePicker`): never proven at 5-8 requests starts 9-16 and beyond on never. Measured (session 14,
-SmolLM2, 16 clients, BENCHMARKS.md): auto ran never on 85% of its steps with the proof carried from 8 clients, 60%
-with each bucket proving on its own."""
+One step in `explore` (of those without a prompt piece) runs another arm, and its tokens against the tokens the
+current arm makes in the same time (its running rate over the steps just before) are one sample of their ratio:
+paired in time, so the machine's own drift (its speed moves by a third over minutes) cancels out. An arm takes over
+when its samples say it is faster by more than `margin` with two standard errors to spare; a step's tokens are
+random (how much of its drafts the target accepts), so a small or unproven difference never flaps the choice. A tie
+goes to never: it takes over from an arm that speculates once its samples say it is slower by no more than `margin`
+(two standard errors to spare), since at equal throughput its steps are shorter and so is the tail of the
+inter-token latency (SmolLM2 q4 on a 2-core Xeon, session 20: at 8 and 16 clients auto stayed on the model's grants
+at 0.98 and 0.97x never's throughput with 1.19 and 1.29x its p99 inter-token latency). Going back takes a proof of
+more than `margin` the other way, so the two rules cannot flap. Example: at B = 8 the model's grants make 290 tok/s
+and never 320: a never step makes 8 tokens in 25 ms, where the model's grants make 7.25; it beats them by 1.02 if 8
+- 1.02 x 7.25 = 0.61 > 0 on average. With per-step noise of 15% (sd 1.1 tokens), 16 samples (256 steps) put two
+standard errors at 0.55: never takes over. At B = 1 always's tie with the model, or never's deficit, moves nothing.
+A proof carries over to the buckets the budget argument covers (`ModePicker`): never proven at 5-8 requests starts
+9-16 and beyond on never. Measured (session 14, SmolLM2, 16 clients, BENCHMARKS.md): auto ran never on 85% of its
+steps with the proof carried from 8 clients, 60% with each bucket proving on its own."""
 
 from __future__ import annotations
 

@@ -51,9 +51,8 @@ from specdec.drafters.eagle_head import EagleConfig, EagleHead
 from specdec.errors import SpecdecError
 from specdec.runtime.model import rotate
 from specdec.training.hidden_cache import HiddenCache
-from specdec.training.medusa import StepBoundary, check_resumable
+from specdec.training.medusa import CHECKPOINT, StepBoundary, check_resumable
 
-CHECKPOINT = "checkpoint.pt"
 STEP_DECAY = 0.8      # EAGLE-3's weight of unrolled step j: 0.8^j
 V1_CE_WEIGHT = 0.1    # EAGLE-1: regression + 0.1 · cross-entropy
 V1_NOISE = 0.1        # EAGLE-1: U(-0.1, 0.1) on the input features

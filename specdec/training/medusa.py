@@ -127,9 +127,10 @@ def _save_checkpoint(path: Path, state: dict) -> None:
 class StepBoundary:
     """Ctrl-C (SIGINT) during a training step is held until the step ends: `at_boundary()` then raises
     KeyboardInterrupt, and leaving the block on it calls `save`, so the checkpoint written on Ctrl-C never holds
-    weights one optimizer step ahead of its step count (or a half-applied step). A second Ctrl-C raises at once
-    and sets `hard`: the last periodic checkpoint is kept instead of a state caught mid-step. Installed only in
-    the main thread over Python's default handler; elsewhere it only saves on a KeyboardInterrupt.
+    weights one optimizer step ahead of its step count (or a half-applied step). A second Ctrl-C raises at once,
+    mid-step, and then (as for a KeyboardInterrupt raised anywhere but `at_boundary`) nothing is saved: the last
+    periodic checkpoint stays. A Ctrl-C after the last `at_boundary()` saves and raises as the block ends.
+    Installed only in the main thread over Python's default handler (elsewhere Ctrl-C reaches no training thread).
 
         with StepBoundary(checkpoint) as boundary:
             for batch in batches:
@@ -138,12 +139,11 @@ class StepBoundary:
 
     def __init__(self, save=lambda: None):
         self.save = save
-        self.pending = self.hard = False
+        self.pending = self.clean = False  # clean: raised at a step's end, where the state is whole
         self.old = None
 
     def _handler(self, signum, frame):
         if self.pending:
-            self.hard = True
             raise KeyboardInterrupt
         self.pending = True
 
@@ -158,7 +158,7 @@ class StepBoundary:
 
     def at_boundary(self) -> None:
         if self.pending:
-            self.pending = False
+            self.pending, self.clean = False, True
             raise KeyboardInterrupt
 
     def __exit__(self, kind, value, traceback) -> None:
@@ -167,7 +167,10 @@ class StepBoundary:
         if self.old is not None:
             signal.signal(signal.SIGINT, self.old)
             self.old = None
-        if kind is KeyboardInterrupt and not self.hard:
+        if kind is None and self.pending:  # Ctrl-C after the last step's end: the block finished whole
+            self.save()
+            raise KeyboardInterrupt
+        if kind is KeyboardInterrupt and self.clean:
             self.save()
 
 
@@ -175,7 +178,7 @@ def check_resumable(path: Path, ck: dict, settings: dict, meta: dict, free=("che
     """Refuse to resume a checkpoint made with other settings or data, naming what differs; the settings in
     `free` (how often to checkpoint; Medusa: the number of epochs) may change between runs."""
     theirs = ck.get("settings", {})
-    differ = [f"--{k.replace('_', '-')} {theirs.get(k)} (now {v})" for k, v in settings.items()
+    differ = [f"{k} {theirs.get(k)} (now {v})" for k, v in settings.items()
               if k not in free and theirs.get(k) != v]
     if ck.get("cache") != meta:
         differ.append("the corpus or its hidden states (--data, --tokens, --max-len, --regenerate)")
