@@ -46,7 +46,7 @@ def check_loopback(url: str) -> str:
     except ValueError:
         port = 0
     if port == 0:
-        raise SpecdecError(f"{usage}: the port must be an integer from 1 to 65535") from None
+        raise SpecdecError(f"{usage}: the port must be an integer from 1 to 65535")
     path = parsed.path.rstrip("/")
     if path not in ("", "/v1") or parsed.query or parsed.fragment or parsed.params:
         raise SpecdecError(f"{usage}: give the server's address without a path (/v1 is added per request)")
