@@ -288,7 +288,10 @@ def test_out_is_tried_before_the_run(tmp_path):
     """os.access says yes to root on a read-only mount or under /proc: --out is written to before the run."""
     with pytest.raises(SpecdecError, match="cannot write there"):
         report.check_out("/proc/specdec-no-such-folder")
-    assert report.check_out(tmp_path / "new" / "out").is_dir() and not list((tmp_path / "new" / "out").iterdir())
+    assert report.check_out(tmp_path / "new" / "out") == tmp_path / "new" / "out"
+    assert not (tmp_path / "new").exists()  # nothing left behind when a later failure ends the run
+    (tmp_path / "kept").mkdir()
+    assert report.check_out(tmp_path / "kept") == tmp_path / "kept" and not list((tmp_path / "kept").iterdir())
 
 
 def test_bench_draft_model_hf_assisted_and_sampling(tiny_llama, tmp_path, capsys):

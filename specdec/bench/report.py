@@ -230,20 +230,22 @@ def results_markdown(rows: Sequence[dict], meta: dict) -> str:
 OUTPUTS = ("results.md", "results.json", "speedup.png")
 
 
-def check_out(out: str | Path) -> Path:
-    """Fail now, not after the benchmark, when `out` cannot take the results: it must be a folder (made
-    here when missing) that takes a file, and the result files in it must not be folders."""
+def check_out(out: str | Path, names: Sequence[str] = OUTPUTS) -> Path:
+    """Fail now, not after a long run, when `out` cannot take its result files `names`: it must be a folder
+    (or a path where one can be made) that takes a file, and none of `names` in it may be a folder. Leaves
+    nothing behind: a folder made to test the path is removed again (the results make it)."""
     from specdec.errors import SpecdecError
 
     out = Path(out).expanduser()
     if out.exists() and not out.is_dir():
-        raise SpecdecError(f"--out {out} is a file, not a folder: choose a folder for {', '.join(OUTPUTS)}")
-    for name in OUTPUTS:
+        raise SpecdecError(f"--out {out} is a file, not a folder: choose a folder for {', '.join(names)}")
+    for name in names:
         if (out / name).is_dir():
             raise SpecdecError(f"--out {out}: {out / name} is a folder: choose another --out")
     parent = next((p for p in [out, *out.parents] if p.exists()), Path("."))
     if not parent.is_dir():
         raise SpecdecError(f"--out {out}: {parent} is a file, not a folder: choose another --out")
+    made = [p for p in [out, *out.parents] if not p.exists()]  # deepest first
     try:  # what writing the results will do (os.access says yes to root on a read-only mount, or in /proc)
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".specdec-write-test"
@@ -251,6 +253,12 @@ def check_out(out: str | Path) -> Path:
         probe.unlink()
     except OSError as e:
         raise SpecdecError(f"--out {out}: cannot write there ({e.strerror or e}): choose another --out") from None
+    finally:
+        for p in made:
+            try:
+                p.rmdir()
+            except OSError:
+                break
     return out
 
 

@@ -164,25 +164,11 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def check_out(out: Path) -> None:
-    """Refuse an --out that cannot take the three files, before any load runs (a run can take many minutes)."""
-    from specdec.errors import SpecdecError
-
-    if out.exists() and not out.is_dir():
-        raise SpecdecError(f"--out {out} is a file, not a folder: choose a folder for loadtest.md, .json and .png")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".loadtest-write-check"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise SpecdecError(f"--out {out}: cannot write there ({e.strerror or e}): choose another folder") from None
-
-
 def run(args) -> int:
     import httpx
 
     from specdec.bench.prompts import load_prompts
+    from specdec.bench.report import check_out
     from specdec.errors import SpecdecError
     from specdec.serving.loadtest import ServerGone, check_loopback, markdown, plot, pooled, run_level, unreachable
 
@@ -193,7 +179,7 @@ def run(args) -> int:
         raise SpecdecError("give either --url (a running server) or --serve MODES (servers started here)")
     url = check_loopback(args.url) if args.url is not None else None
     out = Path(args.out).expanduser()
-    check_out(out)
+    check_out(out, ("loadtest.md", "loadtest.json", "loadtest.png"))
     prompts = [p.turns[0] for p in load_prompts(args.prompts)]
     if not prompts:
         raise SpecdecError(f"{args.prompts}: no prompts")
