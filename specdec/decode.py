@@ -168,10 +168,11 @@ class Stopper:
         return final
 
     def new_text(self) -> str:
-        """Text that is safe to show now: not a possible stop-string prefix, not a partial UTF-8 character."""
-        end = len(self.text) if self.finish_reason else len(self.text) - self.holdback
-        while end > self.emitted and self.text[end - 1] == "\ufffd" and not self.finish_reason:
-            end -= 1
+        """Text that is safe to show now: not a possible stop-string prefix, not a partial UTF-8 character.
+        The holdback counts from the last complete character: a half-decoded one (U+FFFD for now) holds back
+        nothing. Example: stop "🌟🌟", text "🌟" + U+FFFD (the second star's first byte): nothing is shown,
+        since the star may start the stop string."""
+        end = len(self.text) if self.finish_reason else len(self.text.rstrip("\ufffd")) - self.holdback
         if end <= self.emitted:
             return ""
         out, self.emitted = self.text[self.emitted:end], end

@@ -94,6 +94,24 @@ def test_stop_string_with_u_fffd_ignores_half_decoded_characters():
     assert s.finish_reason == "stop" and s.text == "a"
 
 
+def test_holdback_counts_complete_characters_only():
+    """A stop string ending in a multi-byte character: a half-decoded character (U+FFFD until its last byte)
+    must not use up the holdback, or the first star is shown before the stop string completes."""
+    star = list("🌟".encode())  # four bytes
+
+    def shown(tokens, stop):
+        s, out = Stopper(ByteTok(), Request(max_new_tokens=len(tokens), stop=(stop,))), ""
+        for t in tokens:
+            done = s.push(t)
+            out += s.new_text()
+            if done:
+                return out, s.text, s.finish_reason
+
+    assert shown(star + star + [ord("a")], "🌟🌟") == ("", "", "stop")  # was "🌟": a star of the stop string shown
+    assert shown([ord("a")] + star + [ord("b")] + star + star, "🌟🌟") == ("a🌟b", "a🌟b", "stop")
+    assert shown(star + [ord("a")] + star, "🌟🌟") == ("🌟a🌟", "🌟a🌟", "length")
+
+
 class Counting:
     """A tokenizer's decode, counting the tokens it was handed."""
 
