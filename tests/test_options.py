@@ -141,3 +141,12 @@ def test_api_checks_settings_before_loading(monkeypatch, llm):
     for kwargs in (dict(sources="nosuch"), dict(exit_layer="x"), dict(lookahead=(1, 1, 1))):
         with pytest.raises(OptionError):
             LLM(str(llm.folder), **kwargs)
+
+
+def test_unknown_keyword_is_an_option_error(llm):
+    """`except ValueError` catches every bad option, an unknown name too (it was a TypeError)."""
+    for call in (llm.generate, llm.stream, llm.chunks):
+        with pytest.raises(OptionError, match="unknown option 'n': the options are max_new_tokens, "):
+            list(call("hi", n=2))  # generate and chunks raise at the call, stream at its first item
+    with pytest.raises(OptionError, match="unknown options 'bogus', 'logprobs'"):
+        llm.generate("hi", logprobs=1, bogus=True)

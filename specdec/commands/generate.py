@@ -43,7 +43,11 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1 = off)")
     g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability (0 = off)")
-    g.add_argument("--seed", type=int, default=None, help="random seed 0..2**64-1: same seed, same output")
+    g.add_argument("--seed", type=int, default=None,
+                   help="random seed 0..2**64-1: same seed, same output. Deterministic drafts (prompt lookup, "
+                        "recycling, lookahead, retrieval, medusa, eagle's trees) give plain sampling's tokens; "
+                        "drafters that sample their own q (draft, eagle's chain, early-exit) keep the target's "
+                        "distribution and repeat a run only with a fixed --k (--k auto follows measured timings)")
     g.add_argument("--stop", action="append", default=[], metavar="STR",
                    help="stop string (repeatable); the text ends before it")
 
