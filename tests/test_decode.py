@@ -70,6 +70,22 @@ def test_stopper_rules():
     assert not s.push(1) and s.push(0) and s.finish_reason == "stop" and s.text == "a" and s.ids == [1, 0]
 
 
+class WordTok:
+    """Tokens of several characters; 3 is EOS but decodes to text (as some tokenizers' EOS does)."""
+    eos_ids = frozenset({3})
+
+    def decode(self, ids):
+        return "".join({1: "ab", 2: "cdx", 3: "y"}[i] for i in ids)
+
+
+def test_stopper_with_multi_character_tokens_and_a_visible_eos():
+    s = Stopper(WordTok(), Request(max_new_tokens=10, stop=("cd",)))
+    assert not s.push(1) and s.push(2) and s.finish_reason == "stop" and s.text == "ab"  # "cd" ends inside "cdx"
+    s = Stopper(WordTok(), Request(max_new_tokens=2))
+    assert not s.push(1) and s.push(3) and s.finish_reason == "stop" and s.text == "ab"  # EOS as the last token
+    assert s.new_text() == "ab"  # EOS's own text is never part of it
+
+
 class ByteTok:
     """Token = one byte (0 = EOS); decoded like a byte-level BPE: a character cut short shows as U+FFFD."""
     eos_ids = frozenset({0})

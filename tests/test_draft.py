@@ -74,3 +74,36 @@ def test_bad_drafts_name_the_field(make, name):
 def test_path_to_out_of_range():
     with pytest.raises(ValueError, match="node"):
         path_to(TREE, 6)
+
+
+def test_aux_positions_come_after_the_root():
+    from specdec.draft import Aux
+
+    Aux(torch.tensor([5]), torch.tensor([1]), torch.ones(1, 1, dtype=torch.bool))
+    with pytest.raises(ValueError, match="aux offsets must be >= 1"):
+        Aux(torch.tensor([5]), torch.tensor([0]), torch.ones(1, 1, dtype=torch.bool))
+
+
+def test_feedback_hands_each_learner_its_part_of_the_round():
+    """The drafter gets the aux rows (after the root and the nodes) and the root's and nodes' rows; the
+    policy learns from the tree's depth, not its node count (a tree of 3 nodes, 2 deep, one aux position)."""
+    from specdec import round as rnd
+    from specdec.draft import Aux
+    from specdec.verify import VerifyResult
+
+    class Spy:
+        def __init__(self):
+            self.seen = []
+
+        def observe(self, *args):
+            self.seen.append(args)
+
+    aux = Aux(torch.tensor([7]), torch.tensor([1]), torch.ones(1, 1, dtype=torch.bool))
+    draft = Draft(torch.tensor([1, 2, 3]), torch.tensor([-1, 0, -1]), aux=aux)
+    logits = torch.arange(5.0)[:, None].expand(5, 4)  # row i holds i: root, 3 nodes, 1 aux
+    result = VerifyResult(torch.tensor([1, 2, 0]), 2, [True, True, False], "bonus", [0, 1])
+    drafter, policy = Spy(), Spy()
+    rnd.feedback(drafter, policy, draft, result, [1, 2, 0], logits, 0.0, 0.0)
+    (outcome,), = drafter.seen
+    assert outcome.aux_logits[:, 0].tolist() == [4.0] and outcome.logits[:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert policy.seen == [(2, 2)]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from specdec.sampling import SamplingParams, make_generator, probs_from_logits, sample
+from specdec.sampling import Draws, SamplingParams, make_generator, probs_from_logits, sample
 
 LOG4 = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
 
@@ -219,3 +219,24 @@ def test_top_ks_threshold_in_c_is_torchs():
         x = torch.randn(3, vocab, generator=gen).round(decimals=1)  # many ties
         x[0, : vocab // 2] = -math.inf
         assert torch.equal(ops.kth_largest(x, k), torch.topk(x, k, dim=-1).values[:, -1:]), (vocab, k)
+
+
+def test_filters_edge_cases():
+    """Found by mutating sampling.py: min-p compares probabilities at the request's temperature; top-k of
+    V - 1 still filters; top-p keeps the smallest set that reaches it, not one more on an exact tie."""
+    # T = 2: p = (0.506, 0.307, 0.186), floor 0.3 x 0.506 = 0.152 keeps all three (at T = 1 token 2 would go)
+    p = probs_from_logits(torch.tensor([2.0, 1.0, 0.0]), SamplingParams(temperature=2.0, min_p=0.3))
+    assert bool((p > 0).all())
+    p = probs_from_logits(torch.tensor([3.0, 2.0, 1.0, 0.0]), SamplingParams(temperature=1.0, top_k=3))
+    assert (p > 0).tolist() == [True, True, True, False]
+    # p = (0.5, 0.25, 0.25) exactly: the top token alone reaches top-p 0.5
+    p = probs_from_logits(torch.tensor([0.0, -math.log(2), -math.log(2)]), SamplingParams(temperature=1.0, top_p=0.5))
+    assert p.tolist() == [1.0, 0.0, 0.0]
+
+
+def test_draws_streams_never_alias():
+    """Every (position, stream) pair a round may read is its own number: were u(t, 1) = u(t + 1, 0), a bonus
+    token would reuse an accept test's uniform, known to lie below its acceptance probability."""
+    draws = Draws(7)
+    u = [draws.uniform(t, s) for t in range(64) for s in (0, 1, 2, 3, Draws.RESIDUAL)]
+    assert len(set(u)) == len(u)

@@ -32,6 +32,7 @@ def run(env, ids, drafter=None, policy=None, **kw):
     chunks = list(decode(env["target"], env["tok"], ids, Request(**kw), drafter, policy))
     r = chunks[-1].result
     assert "".join(c.text for c in chunks) == r.text
+    assert all(c.accepted <= len(c.tokens) for c in chunks)  # a block cut by a stop counts what it kept
     return r
 
 

@@ -589,3 +589,67 @@ def test_validation_can_be_skipped_and_verify_checks_too():
         V.verify(Draft(DRAFT, torch.tensor([-1, -1]), GOOD_Q * 3), GOOD_P)
     with pytest.raises(ValueError, match="draft"):
         V.verify("not a draft", GOOD_P)
+
+
+# --- which uniform each decision reads (a stub Draws with chosen values; found by mutating verify.py) -------
+
+
+class Chosen(V.Draws):
+    """Draws whose uniform at (position, stream) is chosen by the test (0.5 otherwise), each read recorded."""
+
+    def __init__(self, table: dict):
+        self.table, self.read = table, []
+
+    def uniform(self, position: int, stream: int = 0) -> float:
+        self.read.append((position, stream))
+        return self.table.get((position, stream), 0.5)
+
+
+# p = (0.1, 0.45, 0.45); two siblings A = 0, B = 1, each drawn from q = (0.5, 0.4, 0.1)
+P3, Q3 = torch.tensor([0.1, 0.45, 0.45]), torch.tensor([0.5, 0.4, 0.1])
+SIBLINGS = Draft(torch.tensor([0, 1]), torch.tensor([-1, -1]), torch.stack([Q3, Q3]))
+
+
+def test_tree_siblings_are_tested_with_their_own_uniforms():
+    """A is accepted with min(1, 0.1/0.5) = 0.2: u = 0.9 rejects it. The residual (0, 0.125, 0.875) then
+    accepts B with 0.125 / 0.4 = 0.3125, tested with B's own uniform 0.1: accepted. With A's uniform again
+    (>= 0.2 by the rejection) B would be tested unfairly, and here rejected."""
+    draws = Chosen({(0, 1): 0.9, (0, 2): 0.1})
+    r = V.verify(SIBLINGS, torch.stack([P3] * 3), draws)
+    assert r.path == [1] and r.tokens[0] == 1
+    assert len(draws.read) == len(set(draws.read))  # no uniform read twice in a round
+
+
+def test_tree_residual_carries_over_from_sibling_to_sibling():
+    """Both siblings rejected: after A the residual is (0, 0.125, 0.875), after B max(0, that - q) puts
+    everything on C, so the recovered token is C whatever the residual's uniform. Restarting from p for B's
+    residual would give (0, 0.05/0.4, 0.35/0.4) again: u = 0.05 draws B."""
+    draws = Chosen({(0, 1): 0.9, (0, 2): 0.9, (0, V.Draws.RESIDUAL): 0.05})
+    r = V.verify(SIBLINGS, torch.stack([P3] * 3), draws)
+    assert r.path == [] and r.tokens.tolist() == [2] and r.kind == "recovered"
+
+
+def test_the_residual_is_drawn_with_a_uniform_of_its_own():
+    """Chain: p(B) / q(B) = 0.3 / 0.8 = 0.375; u = 0.95 rejects B. The residual (0.6, 0, 0.4) at its own
+    uniform 0.05 gives A; at the accept test's 0.95 (known to be >= 0.375) it would give C."""
+    p = torch.tensor([[0.4, 0.3, 0.3], [1 / 3, 1 / 3, 1 / 3]])
+    draws = Chosen({(0, 1): 0.95, (0, V.Draws.RESIDUAL): 0.05})
+    n, tokens = V.rejection_sample(p, torch.tensor([[0.1, 0.8, 0.1]]), torch.tensor([1]), draws)
+    assert (n, tokens.tolist()) == (0, [0]) and len(draws.read) == len(set(draws.read))
+
+
+def test_tree_round_kind_is_bonus_only_after_a_leaf():
+    """A chain of two under a root with a second child: stopping inside the tree is "recovered", after
+    the leaf "bonus" (greedy p one-hot on the drafted tokens, then on token 3)."""
+    tree = Draft(torch.tensor([1, 2, 0]), torch.tensor([-1, 0, -1]))
+    hot = lambda *ids: torch.nn.functional.one_hot(torch.tensor(ids), 4).float()  # noqa: E731
+    assert V.verify(tree, hot(1, 2, 3, 3), mode="greedy").kind == "bonus"       # root -> 1 -> 2 (a leaf)
+    r = V.verify(tree, hot(1, 3, 3, 3), mode="greedy")                           # root -> 1, then 3: not 2
+    assert r.path == [0] and r.kind == "recovered"
+
+
+def test_typical_tree_breaks_ties_by_the_lowest_index():
+    """Two siblings both clear the typical threshold (p 0.45 each): the first is kept, as documented."""
+    p = torch.tensor([[0.45, 0.45, 0.1]] * 3)
+    r = V.verify(Draft(torch.tensor([0, 1]), torch.tensor([-1, -1])), p, V.Draws(0), mode="typical")
+    assert r.path == [0]
