@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import sys
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -200,10 +199,11 @@ class LLM:
     def chunks(self, prompt: str | Sequence[int], **options) -> Iterator[Chunk]:
         """The decoding loop's chunks: text as it is committed, the final one carrying the Result.
         `options`: the fields of `specdec.options.GenerationOptions`."""
-        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(GenerationOptions)})
+        names = [f.name for f in dataclasses.fields(GenerationOptions)]
+        unknown = sorted(set(options) - set(names))
         if unknown:
-            raise OptionError(f"unknown option{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}: the options are "
-                              f"{', '.join(f.name for f in dataclasses.fields(GenerationOptions))}")
+            raise OptionError(f"unknown option{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}: "
+                              f"the options are {', '.join(names)}")
         opts = GenerationOptions(**options)
         prompt = check_prompt(prompt, self.model.cfg.vocab_size)
         drafter = self.drafter(opts.method)
