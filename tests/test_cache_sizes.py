@@ -13,6 +13,7 @@ from specdec.drafters.draft_model import DraftModel
 from specdec.drafters.early_exit import EarlyExit
 from specdec.drafters.lookahead import Lookahead
 from specdec.drafters.prompt_lookup import PromptLookup
+from specdec.runtime.kv_cache import KVCache
 from specdec.runtime.loader import load_transformer
 from specdec.sampling import SamplingParams
 from specdec.tokenizer import Tokenizer
@@ -94,8 +95,6 @@ def test_early_exit_with_a_large_k_runs_to_the_limit(long_tiny):
 
 
 def test_grow_keeps_the_cached_positions():
-    from specdec.runtime.kv_cache import KVCache
-
     cache = KVCache(2, 1, 2, 4, 3)
     cache.write(1, torch.ones(1, 2, 3, 3), torch.full((1, 2, 3, 3), 2.0), 0)
     cache.length = 3
@@ -107,3 +106,25 @@ def test_grow_keeps_the_cached_positions():
     assert bool((cache.k[1][:, :, :3] == 1).all()) and bool((cache.v[1][:, :, :3] == 2).all())
     cache.grow(5)
     assert cache.max_len == 10
+
+
+# --- the bounds of compact (found by mutating kv_cache.py) ---
+
+
+def _cache(length):
+    c = KVCache(1, 1, 1, 8, 1)
+    c.k[0][0, 0, :length, 0] = torch.arange(length, dtype=torch.float32)
+    c.length = length
+    return c
+
+
+@pytest.mark.parametrize("keep", [[3], [-1]])
+def test_compact_refuses_slots_outside_the_newest(keep):  # K2, K9
+    with pytest.raises(ValueError):
+        _cache(5).compact(keep, newest=3)
+
+
+def test_compact_may_cover_the_whole_cache():  # K3: a one-token prompt's first tree round
+    c = _cache(3)
+    c.compact([0, 2], newest=3)
+    assert c.length == 2 and c.k[0][0, 0, :2, 0].tolist() == [0.0, 2.0]

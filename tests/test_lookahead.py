@@ -224,3 +224,38 @@ def test_cli_lookahead(env, capsys):
                "--max-new-tokens", "20", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["method"] == "lookahead" and out["new_tokens"] == 20
+
+
+# --- the window and the pool (found by mutating lookahead.py) ---
+
+
+def test_observe_follows_the_worked_example():  # L2, L3
+    la = Lookahead(window=2, ngram=3, guesses=1)
+    a0, a1, b0, b1, c0, c1 = 10, 11, 20, 21, 30, 31
+    la.levels, la.sent = [[a0, a1], [b0, b1]], 2
+    logits = torch.zeros(4, 40)  # level-major rows: (0, 0), (0, 1), (1, 0), (1, 1)
+    for row, tok in enumerate([5, 6, c0, c1]):
+        logits[row, tok] = 1.0
+    la.observe(Outcome(Draft.empty(), 0, [1], aux_logits=logits))
+    assert la.harvested == [(a0, b0, c0), (a1, b1, c1)]
+    assert la.levels == [[b0, b1], [c0, c1]]
+
+
+def test_the_pool_evicts_the_least_recently_used_key():  # L4
+    pool = NgramPool(2, max_keys=2)
+    for gram in ((1, 5), (2, 6), (1, 7), (3, 8)):  # key 1 used again after key 2
+        pool.add(gram)
+    assert pool.get(1, 8) == [(7,), (5,)] and pool.get(2, 8) == []
+
+
+def test_add_sequence_takes_every_ngram_from_the_first():  # L5
+    pool = NgramPool(3)
+    pool.add_sequence([1, 2, 3, 4])
+    assert pool.get(1, 8) == [(2, 3)] and pool.get(2, 8) == [(3, 4)]
+
+
+def test_a_continuation_seen_again_is_the_most_recent():  # L12
+    pool = NgramPool(2, per_key=2)
+    for gram in ((1, 5), (1, 6), (1, 5), (1, 7)):  # 5 seen again: 6 is the oldest, evicted by 7
+        pool.add(gram)
+    assert pool.get(1, 8) == [(7,), (5,)]

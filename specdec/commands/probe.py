@@ -10,8 +10,8 @@ def register(sub) -> None:
     from specdec.commands.generate import add_model_args
 
     p = sub.add_parser("probe", help="measure the verification budget: forward time against positions per pass",
-                       description="After a 256-token context, time one forward over n = 1, 2, 4, ..., 64 new "
-                                   "positions (median of several runs); report the curve, the budget (largest n "
+                       description="After a 256-token context, time one forward over n = 1, 2, 3, 4, 6, 8, 16, 32 and "
+                                   "64 new positions (median of several runs); report the curve, the budget (largest n "
                                    "within 10% of n = 1), the step time against the memory-bandwidth bound and "
                                    "prefill tokens/s, for the matmul path the runtime uses and (bf16) every other "
                                    "one the CPU has (SPECDEC_MATMUL=amx|avx512bf16|avx2|torch forces the runtime's). "
