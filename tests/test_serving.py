@@ -1018,3 +1018,37 @@ def test_alpha_is_the_prior_weighted_acceptance():  # A17
     p.observe(1, 1)  # one draft position tried and accepted
     assert p.alphas()[0] == pytest.approx((1 + 2 * 0.6) / (1 + 2))
     assert all(a <= 1 for a in p.alphas())
+
+
+def test_a_stop_inside_an_accepted_block_counts_only_the_kept_tokens(tiny):
+    """The engine's tokens a step (the metric, and what auto's picker weighs) are the tokens the stopper kept,
+    not the round's: a stop string chosen to end inside a block of accepted drafts cuts that block."""
+    model, tok = tiny
+    ids = tok.encode(PROMPTS[0], chat=False)
+
+    def run(stop=()):
+        engine, blocks = Engine(model, tok, budget=100, speculation="always"), []
+        verify = engine._verify
+        engine._verify = lambda slot, *a: blocks.append(list(slot.ctx.tokens[len(ids):])) or verify(slot, *a)
+        events = run_engine(engine, [Job(ids, Request(max_new_tokens=30, stop=stop), method="prompt-lookup", k=8)])
+        return engine, blocks, next(iter(events.values()))[-1]
+
+    _, before, last = run()
+    generated = before[-1] + last.tokens  # every token, and where each round's block began
+    starts = [len(b) for b in before]
+    ends = starts[1:] + [len(generated)]
+    at = [len(tok.decode(generated[:n])) for n in range(len(generated) + 1)]  # text length after n tokens
+    full = tok.decode(generated)
+
+    def stops():  # texts first seen ending at a token e with more of its block after it
+        for a, b in zip(starts, ends):
+            for e in range(a + 1, b):
+                for s in range(e - 1, -1, -1):
+                    piece = full[at[s]:at[e]]
+                    if piece and full.find(piece) == at[s]:
+                        yield piece
+
+    stop = next(stops())
+    engine, _, last = run((stop,))
+    assert last.finish_reason == "stop"
+    assert _sample_count(engine.metrics, "specdec_tokens_per_step_sum") == last.completion_tokens
