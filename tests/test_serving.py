@@ -525,6 +525,7 @@ def test_prefill_beside_decoding_keeps_within_the_stall_with_the_same_output(mod
         assert beside and sum(p for _, p, _ in steps) == sum(len(i) - 1 for i in ids)
         if stall:
             assert all(p + d <= max(engine.prefill_room(b), d + 1) for b, p, d in steps if b and p)
+            assert any(p + d == engine.prefill_room(b) for b, p, d in steps if b and p)  # the room, not less
             assert max(beside) <= engine.prefill_room(1)
         else:
             assert max(beside) > 3  # the 70-token prompt goes in whole beside the others
