@@ -119,12 +119,12 @@ def _cache(length):
 
 
 @pytest.mark.parametrize("keep", [[3], [-1]])
-def test_compact_refuses_slots_outside_the_newest(keep):  # K2, K9
+def test_compact_refuses_slots_outside_the_newest(keep):
     with pytest.raises(ValueError):
         _cache(5).compact(keep, newest=3)
 
 
-def test_compact_may_cover_the_whole_cache():  # K3: a one-token prompt's first tree round
+def test_compact_may_cover_the_whole_cache():  # a one-token prompt's first tree round
     c = _cache(3)
     c.compact([0, 2], newest=3)
     assert c.length == 2 and c.k[0][0, 0, :2, 0].tolist() == [0.0, 2.0]

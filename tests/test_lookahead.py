@@ -229,7 +229,7 @@ def test_cli_lookahead(env, capsys):
 # --- the window and the pool (found by mutating lookahead.py) ---
 
 
-def test_observe_follows_the_worked_example():  # L2, L3
+def test_observe_follows_the_worked_example():
     la = Lookahead(window=2, ngram=3, guesses=1)
     a0, a1, b0, b1, c0, c1 = 10, 11, 20, 21, 30, 31
     la.levels, la.sent = [[a0, a1], [b0, b1]], 2
@@ -241,20 +241,20 @@ def test_observe_follows_the_worked_example():  # L2, L3
     assert la.levels == [[b0, b1], [c0, c1]]
 
 
-def test_the_pool_evicts_the_least_recently_used_key():  # L4
+def test_the_pool_evicts_the_least_recently_used_key():
     pool = NgramPool(2, max_keys=2)
     for gram in ((1, 5), (2, 6), (1, 7), (3, 8)):  # key 1 used again after key 2
         pool.add(gram)
     assert pool.get(1, 8) == [(7,), (5,)] and pool.get(2, 8) == []
 
 
-def test_add_sequence_takes_every_ngram_from_the_first():  # L5
+def test_add_sequence_takes_every_ngram_from_the_first():
     pool = NgramPool(3)
     pool.add_sequence([1, 2, 3, 4])
     assert pool.get(1, 8) == [(2, 3)] and pool.get(2, 8) == [(3, 4)]
 
 
-def test_a_continuation_seen_again_is_the_most_recent():  # L12
+def test_a_continuation_seen_again_is_the_most_recent():
     pool = NgramPool(2, per_key=2)
     for gram in ((1, 5), (1, 6), (1, 5), (1, 7)):  # 5 seen again: 6 is the oldest, evicted by 7
         pool.add(gram)

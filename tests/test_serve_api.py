@@ -468,30 +468,30 @@ def _post(live, tiny, **change):
     return httpx.post(live.url + "/v1/completions", json=body, timeout=60)
 
 
-def test_usage_totals_prompt_and_completion(tiny, live):  # AP3
+def test_usage_totals_prompt_and_completion(tiny, live):
     u = _post(live, tiny).json()["usage"]
     assert u["prompt_tokens"] > 0 and u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
 
 
-def test_a_stream_without_include_usage_sends_no_usage_frame(tiny, live):  # AP5
+def test_a_stream_without_include_usage_sends_no_usage_frame(tiny, live):
     raw = _post(live, tiny, stream=True).text
     frames = [f.removeprefix("data: ") for f in raw.split("\n\n") if f and f != "data: [DONE]"]
     assert frames and all("usage" not in json.loads(f) for f in frames)
 
 
 @pytest.mark.parametrize("change", [{"prompt": [96]}, {"temperature": 2.5}, {"min_p": 1.5}])
-def test_out_of_range_fields_get_400(tiny, live, change):  # AP6 (96 = the tiny vocab size), AP10, AP18
+def test_out_of_range_fields_get_400(tiny, live, change):  # 96: the tiny vocabulary size
     r = _post(live, tiny, **change)
     assert r.status_code == 400, r.text
 
 
-def test_a_request_that_exactly_fills_the_context_is_served(tiny, live):  # AP7
+def test_a_request_that_exactly_fills_the_context_is_served(tiny, live):
     context = tiny[1].cfg.max_position_embeddings
     r = _post(live, tiny, prompt=[5, 6, 7, 8], max_tokens=context - 4, speculation=False, stop="\n")
     assert r.status_code == 200, r.text
 
 
-def test_speculation_on_drafts_with_the_servers_method(tiny, live, monkeypatch):  # AP11
+def test_speculation_on_drafts_with_the_servers_method(tiny, live, monkeypatch):
     methods, real = [], Engine.submit
     monkeypatch.setattr(Engine, "submit", lambda self, job: methods.append(job.method) or real(self, job))
     assert _post(live, tiny, speculation="on").status_code == 200

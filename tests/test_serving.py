@@ -827,7 +827,7 @@ def test_a_refused_request_probes_so_its_alphas_can_move():
 # --- found by mutating batch.py, engine.py, scheduler.py and adaptive.py ---
 
 
-def test_packed_forward_fills_the_cache_to_its_last_slot(tiny):  # B1
+def test_packed_forward_fills_the_cache_to_its_last_slot(tiny):
     model, _ = tiny
     cache = model.new_cache(4)
     packed_forward(model, [Segment(cache, [5, 6, 7, 8])])
@@ -836,7 +836,7 @@ def test_packed_forward_fills_the_cache_to_its_last_slot(tiny):  # B1
         packed_forward(model, [Segment(model.new_cache(4), [5, 6, 7, 8, 9])])
 
 
-def test_pieces_count_only_the_new_prompt_positions(tiny):  # E7
+def test_pieces_count_only_the_new_prompt_positions(tiny):
     model, tok = tiny
     engine = Engine(model, tok, budget=8)
     engine.cut_anywhere = True
@@ -850,7 +850,7 @@ def _sample_count(metrics, name, **labels):
     return metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-def test_inter_token_latency_is_split_by_speculating(tiny):  # E3
+def test_inter_token_latency_is_split_by_speculating(tiny):
     model, tok = tiny
     engine = Engine(model, tok, budget=100, speculation="never")
     ids = tok.encode(PROMPTS[0], chat=False)
@@ -860,7 +860,7 @@ def test_inter_token_latency_is_split_by_speculating(tiny):  # E3
     assert _sample_count(m, "specdec_inter_token_seconds_count", speculating="true") == 0
 
 
-def test_an_adaptive_ask_carries_its_expected_tokens_at_its_k(tiny, monkeypatch):  # E11
+def test_an_adaptive_ask_carries_its_expected_tokens_at_its_k(tiny, monkeypatch):
     from specdec.serving import scheduler
     model, tok = tiny
     engine = Engine(model, tok, budget=100, speculation="auto")
@@ -877,7 +877,7 @@ def test_an_adaptive_ask_carries_its_expected_tokens_at_its_k(tiny, monkeypatch)
     assert seen and all(t == pytest.approx(e) for t, e in seen)
 
 
-def test_the_picker_leaves_out_steps_that_prefill(tiny):  # E13
+def test_the_picker_leaves_out_steps_that_prefill(tiny):
     model, tok = tiny
     engine = Engine(model, tok, cost=CostCurve(), speculation="auto", max_batch=2)
     assert engine.picker is not None
@@ -895,7 +895,7 @@ def test_the_picker_leaves_out_steps_that_prefill(tiny):  # E13
     assert len(recorded) == before
 
 
-def test_a_fixed_k_of_zero_is_a_valid_job(tiny):  # E14
+def test_a_fixed_k_of_zero_is_a_valid_job(tiny):
     model, tok = tiny
     engine = Engine(model, tok, budget=6)
     engine.check(Job([5, 6], Request(max_new_tokens=4), method="prompt-lookup", k=0))
@@ -903,7 +903,7 @@ def test_a_fixed_k_of_zero_is_a_valid_job(tiny):  # E14
         engine.check(Job([5, 6], Request(max_new_tokens=4), method="prompt-lookup", k=33))
 
 
-def test_the_k_histogram_records_the_grants_not_the_asks(tiny):  # E18
+def test_the_k_histogram_records_the_grants_not_the_asks(tiny):
     model, tok = tiny
     engine = Engine(model, tok, budget=1, speculation="auto")  # B = 1 fills the line: every ask refused
     ids = tok.encode(PROMPTS[0], chat=False)
@@ -913,7 +913,7 @@ def test_the_k_histogram_records_the_grants_not_the_asks(tiny):  # E18
     assert _sample_count(m, "specdec_k_granted_sum", priority="interactive") == 0
 
 
-def test_a_chain_is_cut_to_exactly_its_grant(tiny):  # E20
+def test_a_chain_is_cut_to_exactly_its_grant(tiny):
     model, tok = tiny
     engine = Engine(model, tok, budget=3, speculation="auto", max_batch=1)  # headroom 2: chains cut to k = 1
     rounds, real = [], engine._verify
@@ -923,7 +923,7 @@ def test_a_chain_is_cut_to_exactly_its_grant(tiny):  # E20
     assert any(k for k, _ in rounds) and all(d == k for k, d in rounds if k)
 
 
-def test_a_curve_grant_prices_the_steps_prompt_positions():  # S7
+def test_a_curve_grant_prices_the_steps_prompt_positions():
     from specdec.serving.scheduler import Ask, grant
     cost = CostCurve({1: 1.0, 4: 1.0, 8: 3.0})  # flat to 4 positions, then steep
     ask = [Ask("a", 2, tokens=1.5)]
@@ -931,14 +931,14 @@ def test_a_curve_grant_prices_the_steps_prompt_positions():  # S7
     assert grant(ask, batch=1, prefill=3, cost=cost) == {"a": 0}  # the prompt piece took the cheap positions
 
 
-def test_a_grant_adds_its_drafting_time_to_the_step():  # S10
+def test_a_grant_adds_its_drafting_time_to_the_step():
     from specdec.serving.scheduler import Ask, grant
     asks = [Ask("a", 1, tokens=2.0, tau=0.3), Ask("b", 1, tokens=2.0, tau=0.3)]
     # b: 1 more token against 3 in a step of 1.3 (a's 0.3 drafting included): 1 x 1.3 > 1.2 x 3 x 0.3
     assert grant(asks, batch=2, cost=lambda n: 1.0) == {"a": 1, "b": 1}
 
 
-def test_a_proof_of_never_leaves_a_larger_bucket_on_always():  # S15
+def test_a_proof_of_never_leaves_a_larger_bucket_on_always():
     from specdec.serving.scheduler import ModePicker
     p = ModePicker(explore=1, least=4, window=8)
     p.current[16] = "always"
@@ -949,7 +949,7 @@ def test_a_proof_of_never_leaves_a_larger_bucket_on_always():  # S15
     assert p.current[2] == "never" and p.current[16] == "always"
 
 
-def test_a_proof_that_speculation_pays_lifts_the_never_line():  # S16
+def test_a_proof_that_speculation_pays_lifts_the_never_line():
     from specdec.serving.scheduler import ModePicker
     p = ModePicker(explore=1, least=4, window=8, line=3)  # buckets 4 and up start on never
     assert p.never_above == 2 and p.choose(16) == "never"
@@ -960,7 +960,7 @@ def test_a_proof_that_speculation_pays_lifts_the_never_line():  # S16
     assert p.choose(3) == "model"  # 3-4 requests, first seen now: speculation that pays at 16 pays at 4
 
 
-def test_a_proven_tie_goes_to_never():  # S17
+def test_a_proven_tie_goes_to_never():
     from specdec.serving.scheduler import ModePicker
     p = ModePicker(least=12, window=64)
     p.current[8] = "model"
@@ -970,13 +970,13 @@ def test_a_proven_tie_goes_to_never():  # S17
     assert p.current[8] == "never"
 
 
-def test_no_exploring_before_the_current_arm_has_a_rate():  # S18
+def test_no_exploring_before_the_current_arm_has_a_rate():
     from specdec.serving.scheduler import ModePicker
     p = ModePicker(explore=1)
     assert [p.choose(2) for _ in range(3)] == ["model"] * 3
 
 
-def test_a_settled_bucket_explores_at_least_one_step_in_8_x_explore():  # S20
+def test_a_settled_bucket_explores_at_least_one_step_in_8_x_explore():
     from specdec.serving.scheduler import ModePicker
     p = ModePicker(explore=8, window=64)
     p.current[4], p.reference[4], p.every[4], p.unproven[4] = "model", [4.0, 1.0], 64, 2 * 64 - 1
@@ -984,7 +984,7 @@ def test_a_settled_bucket_explores_at_least_one_step_in_8_x_explore():  # S20
     assert p.every[4] == 64
 
 
-def test_never_proven_at_a_larger_bucket_keeps_the_lower_never_line():  # S23
+def test_never_proven_at_a_larger_bucket_keeps_the_lower_never_line():
     from specdec.serving.scheduler import ModePicker
     p = ModePicker(explore=1, least=4, window=8)
     for b, current in ((2, "model"), (16, "always")):
@@ -995,7 +995,7 @@ def test_never_proven_at_a_larger_bucket_keeps_the_lower_never_line():  # S23
     assert p.never_above == 2 and p.choose(6) == "never"  # 5-8 requests, first seen now
 
 
-def test_a_granted_round_ends_a_run_of_refusals():  # A10
+def test_a_granted_round_ends_a_run_of_refusals():
     from specdec.adaptive import AdaptiveK
     p = AdaptiveK()
     for _ in range(p.explore_every - 1):
@@ -1005,7 +1005,7 @@ def test_a_granted_round_ends_a_run_of_refusals():  # A10
     assert p.choose() > 0 and not p.probing
 
 
-def test_a_starting_cost_is_priced_in_target_steps():  # A12
+def test_a_starting_cost_is_priced_in_target_steps():
     from types import SimpleNamespace as NS
     from specdec.adaptive import AdaptiveK, choose_k
     drafter = NS(startup=lambda ctx: 10)  # 10 prompt tokens to prefill at 0.01 of a step each: 0.1 steps
@@ -1013,7 +1013,7 @@ def test_a_starting_cost_is_priced_in_target_steps():  # A12
     assert choose_k(AdaptiveK(prior_alpha=0.9), drafter, NS(prefill_cost=1.0, remaining=5)) == 0
 
 
-def test_alpha_is_the_prior_weighted_acceptance():  # A17
+def test_alpha_is_the_prior_weighted_acceptance():
     from specdec.adaptive import AdaptiveK
     p = AdaptiveK(prior_alpha=0.6, prior_weight=2.0)
     p.observe(1, 1)  # one draft position tried and accepted
