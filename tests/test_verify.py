@@ -488,34 +488,89 @@ def test_greedy_tree():
         assert r.path == [] and r.tokens.tolist() == [6] and r.kind == "recovered"
 
 
-def test_multi_candidate_level_is_exact_by_enumeration():
-    # SpecInfer's multi-candidate speculative sampling, one level with s candidates drawn
-    # independently from q: try them in order against the running residual
+class Branches(V.Draws):
+    """Enumerates the exact law of `verify` itself: every accept test (u < a) and every draw (`sample`) is a branch
+    point, taken as the script says (then the first branch), each weighted by its probability (a, 1 - a, or the
+    drawn row's mass). It cannot see two decisions share a uniform (the stub tests above pin that)."""
+
+    def __init__(self, script):
+        self.script, self.taken, self.weight = list(script), [], 1.0
+
+    def choose(self, weights):
+        i = self.script[len(self.taken)] if len(self.taken) < len(self.script) else 0
+        self.taken.append((i, len(weights)))
+        self.weight *= weights[i]
+        return i
+
+    def uniform(self, position, stream=0):
+        branches = self
+
+        class U:
+            def __lt__(self, a):
+                return branches.choose([float(a), 1 - float(a)]) == 0
+        return U()
+
+    def uniforms(self, start, count, stream=0):
+        return torch.zeros(count, dtype=torch.float64)
+
+    def sample(self, probs, generator=None, u=None):
+        row = probs.reshape(-1, probs.shape[-1])[0].double()
+        tokens = [t for t in range(row.numel()) if row[t] > 0]
+        return torch.tensor([tokens[self.choose([float(row[t] / row.sum()) for t in tokens])]])
+
+
+def law_of_verify(draft, p, monkeypatch):
+    """{emitted tokens: probability} of `verify(draft, p)` (exact mode), by walking every branch."""
+    law, todo = defaultdict(float), [[]]
+    while todo:
+        branches = Branches(todo.pop())
+        monkeypatch.setattr(V, "sample", branches.sample)
+        r = V.verify(draft, p, branches, validate=False)
+        if branches.weight > 0:  # a branch of probability 0 (an accept test with a = 1 failing) emits nothing
+            law[tuple(r.tokens.tolist())] += branches.weight
+        for d in range(len(branches.script), len(branches.taken)):  # the branches not taken, from the new ones
+            todo += [[i for i, _ in branches.taken[:d]] + [j] for j in range(1, branches.taken[d][1])]
+    return law
+
+
+def test_multi_candidate_level_is_exact_by_enumeration(monkeypatch):
+    """SpecInfer's multi-candidate speculative sampling in `verify`: s siblings drawn independently from q, tried in
+    order against the running residual, give the root's token distributed exactly as p (each candidate tuple
+    weighted by its q probability; every branch of the real tree walk enumerated). Deterministic distinct
+    candidates (q = None) too."""
     rng = np.random.default_rng(0)
     for vocab, s in [(3, 2), (4, 3), (5, 2)]:
         p = torch.tensor(rng.dirichlet(np.ones(vocab)))
         q = torch.tensor(rng.dirichlet(np.ones(vocab)))
+        rows = torch.stack([p] * (s + 1))
         law = torch.zeros(vocab, dtype=torch.float64)
         for cands in itertools.product(range(vocab), repeat=s):
             w = math.prod(float(q[x]) for x in cands)
-            cur, reach = p, 1.0
-            for x in cands:
-                a = V.acceptance_probability(cur[x], q[x])
-                law[x] += w * reach * a
-                reach *= 1 - a
-                cur = V.residual_distribution(cur, q, x)
-            law += w * reach * cur
+            draft = Draft(torch.tensor(cands), torch.full((s,), -1), q.expand(s, vocab).clone())
+            for tokens, mass in law_of_verify(draft, rows, monkeypatch).items():
+                law[tokens[0]] += w * mass
         assert torch.allclose(law, p, atol=1e-12)
-        # deterministic distinct candidates (q = None): sequential removal is exact too
         law = torch.zeros(vocab, dtype=torch.float64)
-        cur, reach = p, 1.0
-        for x in range(s):
-            a = V.acceptance_probability(cur[x])
-            law[x] += reach * a
-            reach *= 1 - a
-            cur = V.residual_distribution(cur, None, x)
-        law += reach * cur
+        for tokens, mass in law_of_verify(Draft(torch.arange(s), torch.full((s,), -1)), rows, monkeypatch).items():
+            law[tokens[0]] += mass
         assert torch.allclose(law, p, atol=1e-12)
+
+
+def test_a_chain_round_follows_its_exact_law_by_enumeration(monkeypatch):
+    """Every branch of `verify` on a drafted chain against `outcome_distribution` (the law the enumeration tests
+    above check is the target's): P(j accepted) times the residual or bonus row, for each j."""
+    rng = np.random.default_rng(1)
+    vocab, k = 4, 3
+    p = torch.tensor(rng.dirichlet(np.ones(vocab), size=k + 1))
+    q = torch.tensor(rng.dirichlet(np.ones(vocab), size=k))
+    draft = torch.tensor([0, 2, 1])
+    want = defaultdict(float)
+    for j, (reach, row) in enumerate(V.outcome_distribution(p, q, draft)):
+        for t in range(vocab):
+            want[tuple(draft[:j].tolist()) + (t,)] += reach * float(row[t])
+    got = law_of_verify(Draft.chain(draft, q), p, monkeypatch)
+    assert set(got) == {x for x, w in want.items() if w > 0}
+    assert all(abs(got[x] - want[x]) < 1e-12 for x in got)
 
 
 def test_tree_verify_statistics():
