@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -199,12 +198,7 @@ class LLM:
     def chunks(self, prompt: str | Sequence[int], **options) -> Iterator[Chunk]:
         """The decoding loop's chunks: text as it is committed, the final one carrying the Result.
         `options`: the fields of `specdec.options.GenerationOptions`."""
-        names = [f.name for f in dataclasses.fields(GenerationOptions)]
-        unknown = sorted(set(options) - set(names))
-        if unknown:
-            raise OptionError(f"unknown option{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}: "
-                              f"the options are {', '.join(names)}")
-        opts = GenerationOptions(**options)
+        opts = GenerationOptions.of(**options)
         prompt = check_prompt(prompt, self.model.cfg.vocab_size)
         drafter = self.drafter(opts.method)
         policy = self.policy(opts.k, drafter)

@@ -13,7 +13,7 @@ message says what is wrong and what to pass instead; the CLI prints it on one li
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Sequence
 
 from specdec.drafters import METHODS
@@ -163,6 +163,17 @@ class GenerationOptions:
     def request(self):
         """The decoding loop's `decode.Request`."""
         return self._request
+
+    @classmethod
+    def of(cls, **options) -> "GenerationOptions":
+        """Built from a user's keyword arguments: an unknown name is an OptionError listing the options (the
+        dataclass alone would raise a TypeError). Example: of(n=2) -> "unknown option 'n': the options are ..."."""
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(options) - set(names))
+        if unknown:
+            raise OptionError(f"unknown option{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}: "
+                              f"the options are {', '.join(names)}")
+        return cls(**options)
 
 
 # --- the LLM's method settings -------------------------------------------------------------------------
