@@ -94,15 +94,20 @@ class Draft:
     aux: Aux | None = None  # extra non-candidate positions in the same forward (lookahead's window)
 
     def __post_init__(self) -> None:
-        self.tokens = _as_long_1d(self.tokens, "tokens")
-        self.parents = check_parents(self.parents)
         self._chain: bool | None = None  # `is_chain`, once asked (a round asks 4 times a request)
-        if self.parents.numel() != self.tokens.numel():
-            raise ValueError(
-                f"parents has {self.parents.numel()} entries but tokens has {self.tokens.numel()}"
-            )
-        if self.tokens.numel() and int(self.tokens.min()) < 0:
-            raise ValueError("tokens must be non-negative token ids")
+        lists = [self.tokens, self.parents]
+        if all(type(xs) is list and all(type(x) is int for x in xs) for xs in lists):
+            self._check_lists(*lists)
+            self.tokens, self.parents = (torch.tensor(xs, dtype=torch.long) for xs in lists)
+        else:
+            self.tokens = _as_long_1d(self.tokens, "tokens")
+            self.parents = check_parents(self.parents)
+            if self.parents.numel() != self.tokens.numel():
+                raise ValueError(
+                    f"parents has {self.parents.numel()} entries but tokens has {self.tokens.numel()}"
+                )
+            if self.tokens.numel() and int(self.tokens.min()) < 0:
+                raise ValueError("tokens must be non-negative token ids")
         if self.q is not None:
             if not isinstance(self.q, torch.Tensor) or not self.q.is_floating_point():
                 raise ValueError("q must be a floating-point tensor [n, V] or None")
@@ -112,9 +117,26 @@ class Draft:
                     f"got {tuple(self.q.shape)}"
                 )
 
+    def _check_lists(self, tokens: list[int], parents: list[int]) -> None:
+        """The checks above on lists of ints (what the cheap drafters build) in Python, and whether they form a
+        chain: a server step runs right after a forward has pushed the weights through the caches, where every
+        small torch call costs tens of microseconds (the checks on tensors took 0.19 ms there, SmolLM2 q4 on a
+        Zen 4; BENCHMARKS.md, session 30)."""
+        for i, parent in enumerate(parents):
+            if not -1 <= parent < i:
+                raise ValueError(f"parents[{i}] = {parent}: each parent must be -1 (the root) or the index of an "
+                                 f"earlier node (< {i})")
+        if len(parents) != len(tokens):
+            raise ValueError(f"parents has {len(parents)} entries but tokens has {len(tokens)}")
+        if tokens and min(tokens) < 0:
+            raise ValueError("tokens must be non-negative token ids")
+        self._chain = all(parent == i - 1 for i, parent in enumerate(parents))
+
     @classmethod
     def chain(cls, tokens: Sequence[int] | torch.Tensor, q: torch.Tensor | None = None) -> "Draft":
         """A linear draft: node i's parent is node i-1 (the first node hangs off the root)."""
+        if type(tokens) is list:
+            return cls(tokens, list(range(-1, len(tokens) - 1)), q)
         t = _as_long_1d(tokens, "tokens")
         draft = cls(t, torch.arange(t.numel()) - 1, q)
         draft._chain = True
@@ -123,7 +145,7 @@ class Draft:
     @classmethod
     def empty(cls) -> "Draft":
         """No candidates: verification degenerates to plain decoding (one token from p)."""
-        return cls(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), None)
+        return cls([], [])
 
     def __len__(self) -> int:
         return int(self.tokens.numel())

@@ -197,12 +197,10 @@ def outcome_distribution(p: torch.Tensor, q: torch.Tensor | None, draft_tokens) 
 def greedy_verify(p_or_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[int, torch.Tensor]:
     """Accept while draft_tokens[i] == argmax(p_or_logits[i]); then emit the argmax at the
     first mismatch (or at position k, the bonus). Works on probabilities or logits [k+1, V]."""
-    tokens = _check_chain(p_or_logits, None, draft_tokens, validate=False, p_name="p_or_logits")
-    top = argmax(p_or_logits).cpu()  # [k+1]
-    k = tokens.numel()
-    mismatch = (tokens != top[:k]).nonzero()
-    n = int(mismatch[0]) if mismatch.numel() else k
-    return n, torch.cat([tokens[:n], top[n : n + 1]])
+    ids = _check_chain(p_or_logits, None, draft_tokens, validate=False, p_name="p_or_logits").tolist()
+    top = argmax(p_or_logits).tolist()  # [k+1]; compared as lists: few small torch calls after a forward
+    n = next((i for i, (x, best) in enumerate(zip(ids, top)) if x != best), len(ids))
+    return n, torch.tensor(ids[:n] + top[n:n + 1])
 
 
 def typical_thresholds(p: torch.Tensor, epsilon: float = TYPICAL_EPSILON, delta: float = TYPICAL_DELTA) -> torch.Tensor:

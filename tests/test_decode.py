@@ -164,6 +164,18 @@ def test_stopper_text_is_the_whole_decode_after_every_token(tiny_folder):
     assert pushes_decode_whole(tok, ids) < 20 * len(ids)
 
 
+def test_decode_is_transformers_decode(tiny_folder):
+    """`Tokenizer.decode` calls the Rust tokenizer directly (no clean-up configured): the text of transformers'
+    own decode, specials skipped, for random ids and cut multi-byte characters."""
+    tok = Tokenizer(tiny_folder)
+    assert tok._decoder is not None
+    g = torch.Generator().manual_seed(0)
+    for n in (0, 1, 2, 5, 40):
+        for _ in range(20):
+            ids = torch.randint(0, tok.vocab_size, (n,), generator=g).tolist()
+            assert tok.decode(ids) == tok.hf.decode(ids, skip_special_tokens=True)
+
+
 def test_context_overflow_and_bad_requests(tiny):
     model, tok, _ = tiny
     with pytest.raises(SpecdecError, match="context"):

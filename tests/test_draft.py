@@ -62,6 +62,13 @@ def test_chain_with_q():
         (lambda: Draft(torch.tensor([1.0, 2.0]), torch.tensor([-1, 0])), "tokens"),
         (lambda: Draft(torch.tensor([[1, 2]]), torch.tensor([-1, 0])), "tokens"),
         (lambda: Draft(torch.tensor([1, -2]), torch.tensor([-1, 0])), "tokens"),
+        (lambda: Draft([1, 2], [-1, 1]), r"parents\[1\]"),  # lists are checked in Python (`_check_lists`)
+        (lambda: Draft([1, 2], [-1, -2]), r"parents\[1\]"),
+        (lambda: Draft([1, 2], [-1]), "parents"),
+        (lambda: Draft([1.0, 2.0], [-1, 0]), "tokens"),
+        (lambda: Draft([[1, 2]], [-1, 0]), "tokens"),
+        (lambda: Draft([1, -2], [-1, 0]), "tokens"),
+        (lambda: Draft([1, 2], [-1, 0], q=torch.ones(3, 4) / 4), "q"),
         (lambda: Draft.chain([1, 2], q=torch.ones(3, 4) / 4), "q"),
         (lambda: Draft.chain([1, 2], q=torch.ones(2, 4, dtype=torch.long)), "q"),
     ],
@@ -69,6 +76,15 @@ def test_chain_with_q():
 def test_bad_drafts_name_the_field(make, name):
     with pytest.raises(ValueError, match=name):
         make()
+
+
+@pytest.mark.parametrize("tokens, parents", [([5, 6, 7], [-1, 0, 1]), ([1, 2, 3, 4, 5, 6], TREE), ([], []),
+                                              ([4, 9], [-1, -1]), ([3, 3, 3], [-1, 0, 0])])
+def test_lists_and_tensors_make_the_same_draft(tokens, parents):
+    a, b = Draft(tokens, parents), Draft(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+    assert a.tokens.dtype == a.parents.dtype == torch.long and a.is_chain == b.is_chain and a.depth == b.depth
+    assert Draft([torch.tensor(t) for t in tokens], parents).tokens.tolist() == tokens  # not ints: the tensor checks
 
 
 def test_path_to_out_of_range():

@@ -87,3 +87,7 @@ def test_stopper_text_is_the_whole_decode_on_smollm2s_tokenizer(smol):
     assert pushes_decode_whole(tok, ids) < 20 * len(ids)
     g = torch.Generator().manual_seed(0)
     pushes_decode_whole(tok, torch.randint(0, tok.vocab_size, (300,), generator=g).tolist())
+    for n in (1, 3, 30):  # `Tokenizer.decode` (the Rust tokenizer's) is transformers' decode
+        for _ in range(30):
+            ids = torch.randint(0, tok.vocab_size, (n,), generator=g).tolist()
+            assert tok.decode(ids) == tok.hf.decode(ids, skip_special_tokens=True)

@@ -121,3 +121,24 @@ def test_argmax_gives_torch_indices_ties_nans_and_views():
             x = x[:, 1:]  # row stride past the row's length
         assert torch.equal(ops.argmax(x), x.argmax(-1)), x
         assert torch.equal(ops.argmax(x[-1]), x[-1].argmax()), x[-1]
+
+
+def test_topk_rows_are_the_largest_in_order_ties_to_the_lower_index():
+    """ops.topk_rows (token recycling's table) against a stable descending sort: the k largest of each row,
+    largest first, equal values in index order, rows of every length (whole octets and tails) and strided
+    views; a row with fewer than k entries above -inf (or NaN) gets torch's topk."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(600):
+        n = 49152 if trial % 50 == 0 else int(torch.randint(1, 40, (1,), generator=g))
+        k = int(torch.randint(1, min(n, 6) + 1, (1,), generator=g))
+        x = torch.randint(-3, 4, (int(torch.randint(1, 6, (1,), generator=g)), n), generator=g).float()  # ties
+        if trial % 3 == 0:
+            x = x + torch.rand(x.shape, generator=g)  # distinct values too
+        if trial % 7 == 0 and n > 1:
+            x = x[:, 1:]
+            k = min(k, n - 1)
+        want = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :k]
+        assert torch.equal(ops.topk_rows(x, k), want), (x, k)
+    x = torch.tensor([[float("-inf"), 2.0, float("nan"), float("-inf")]])
+    assert torch.equal(ops.topk_rows(x, 2), x.topk(2).indices)
+    assert ops.topk_rows(x, 1).tolist() == [[1]]

@@ -33,6 +33,7 @@ from typing import Sequence
 from specdec.draft import Draft
 from specdec.drafters.base import Context, Drafter, Outcome
 from specdec.drafters.prompt_lookup import NgramIndex
+from specdec.runtime.kernels import ops
 
 # rank paths, best first (ordered by the acceptance measured in the offline replay above); then a deep chain
 PATHS: tuple[tuple[int, ...], ...] = (
@@ -123,7 +124,7 @@ class Recycling(Drafter):
     def observe(self, outcome: Outcome) -> None:
         """Store the top candidates of every verified row (the root and each draft node) under its tokens."""
         if self.tail and outcome.logits is not None:
-            rows = outcome.logits.topk(self.ranks, dim=-1).indices.tolist()
+            rows = ops.topk_rows(outcome.logits, self.ranks).tolist()
             tokens = [self.tail[-1]] + outcome.draft.tokens.tolist()
             prevs = [self.tail[0] if len(self.tail) > 1 else None] + [tokens[p + 1] for p in outcome.draft.parents.tolist()]
             for token, prev, row in zip(tokens, prevs, rows):

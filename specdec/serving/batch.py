@@ -64,10 +64,8 @@ def packed_forward(model: Transformer, segments: list[Segment],
             raise ValueError("a segment needs at least one token")
         if start + len(s) > s.cache.max_len:
             raise ValueError(f"context overflow: {start + len(s)} positions exceed the cache's {s.cache.max_len}")
-    ropes = []
-    for s, start in zip(segments, starts):
-        offsets = torch.arange(len(s)) if s.offsets is None else s.offsets
-        ropes.append(model._rope((start + offsets)[None]))
+    ropes = [model._rope(range(start, start + len(s)) if s.offsets is None else (start + s.offsets)[None])
+             for s, start in zip(segments, starts)]
     bounds, end = [], 0
     for s in segments:
         bounds.append((end, end + len(s)))
