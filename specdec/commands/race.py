@@ -51,7 +51,10 @@ def run(args) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
     server = uvicorn.Server(config)
     _announce(server, args.host)
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled once it has shut down: a normal stop (as serve)
+        pass
     return 0
 
 
