@@ -106,6 +106,22 @@ def test_a_half_cache_reads_as_its_fp32_widening(H, Hk, D, use, half):
     assert not torch.equal(out, attention.attend(q, keys * 4, values * 4, rows, 2, use))  # the rounding is real
 
 
+@pytest.mark.parametrize("use", ["avx512", "avx2"])
+@pytest.mark.parametrize("D", [64, 72])
+def test_all_scores_far_below_zero_keep_their_weights(use, D):
+    """Every score near -200: the softmax's max is the row's own, never a padding lane's 0 (a 5-, 13- or 70-key
+    list leaves pad lanes in its last octet and 16-lane block); with 0 as the max every exp underflows and the row
+    is 0 / 0 (found by mutating attention.c). Equal scores: the output is the mean of the values."""
+    skip_unless_runs(use, D)
+    g = torch.Generator().manual_seed(D)
+    for L in (5, 13, 70):
+        keys = torch.ones(1, 1, L + 3, D)
+        values = torch.randn(1, 1, L + 3, D, generator=g)
+        q = torch.full((1, 1, 1, D), -200.0 * D ** 0.5 / D)  # q . k / sqrt(D) = -200 for every key
+        out = attention.attend(q, keys, values, attention.Rows.chain(1, L - 1), 1, use)
+        torch.testing.assert_close(out[0, 0, 0], values[0, 0, :L].mean(0), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("kv", [torch.float32, torch.bfloat16])
 def test_batch_rows_are_their_own(kv):
     """B > 1: each batch element attends over its own cache, bit-identical to its call alone (on AMX for bf16)."""
@@ -163,7 +179,37 @@ def test_long_chain_verifies_bit_identically(model):  # noqa: F811
 
 
 def test_torch_fallback_stays_exact(model, monkeypatch):  # noqa: F811
-    """Without the kernel the model attends row by row through torch (`RowPlan.steps`), still bit-identical."""
+    """Without the kernel the model attends row by row through torch (`RowPlan.steps`), still bit-identical.
+    The module's model has already decided on its C routes (`Block.kernels`, `fused_layers`), so they are turned
+    off here too, and the test checks that the row-by-row route really ran (it did not: a mutant of
+    `RowPlan.steps` that never tracked which position each slot holds passed)."""
     from specdec.drafters.lookahead import trie
+    from specdec.runtime import model as model_module
+
+    calls = []
+    real = model_module.attend_rows
+    monkeypatch.setattr(model_module, "attend_rows", lambda *a, **k: calls.append(a[-2]) or real(*a, **k))
     monkeypatch.setattr(attention, "available", lambda: False)
-    check_layout(model, trie([(20, 21, 22), (20, 23, 24), (30, 31, 32)], 3), root=17)
+    monkeypatch.setenv("SPECDEC_FUSED", "0")
+    for block in model.layers:
+        monkeypatch.setattr(block, "kernels", False)
+    model.__dict__.pop("fused_layers", None)
+    try:
+        check_layout(model, trie([(20, 21, 22), (20, 23, 24), (30, 31, 32)], 3), root=17)
+        check_layout(model, trie([(5, 6, 7, 8), (5, 9), (5, 6, 10), (11, 12)], 4), root=3, seed=4)
+    finally:
+        model.__dict__.pop("fused_layers", None)  # decided again, with the kernels, by the next test
+    assert any(plan.paths is not None for plan in calls)  # the tree's rows went through RowPlan.steps
+
+
+def test_a_mask_hiding_a_cached_slot_gets_no_row_plan():
+    """RowPlan.from_mask: a plan only where every row sees the whole cache (the plan cannot hide a cached slot);
+    else None, and the model keeps one masked attention call."""
+    from specdec.runtime.model import RowPlan
+
+    mask = torch.ones(1, 1, 3, 5, dtype=torch.bool)
+    mask[0, 0, :, 2:] = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    assert RowPlan.from_mask(mask, 2).paths == [[0], [0, 1], [0, 2]]
+    assert RowPlan.from_mask(mask.expand(2, 1, 3, 5), 2) is None  # per-batch masks
+    mask[0, 0, 1, 0] = False  # row 1 may not see cached slot 0
+    assert RowPlan.from_mask(mask, 2) is None

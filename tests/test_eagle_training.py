@@ -3,6 +3,7 @@ forward), the draft vocabulary's d2t/t2d round trip, the training-time-test unro
 computes at inference (full-sequence call for step 0, KV-cache replay for later steps), the unrolled loss
 going down, an interrupted run resuming to the same head."""
 
+import math
 import signal
 from pathlib import Path
 
@@ -55,6 +56,23 @@ def test_layer_cache_holds_the_targets_layer_outputs(env, cache, tmp_path):
     assert np.array_equal(again.features[:50], cache.features[:50])
     # a cache without layers keeps the name it had before layers existed
     assert hidden_cache.cache_dir(Path("/r"), {"format": 1, "requested": 5}).name == "794d1ec83fa0c260"
+
+
+def test_a_batched_build_caches_what_one_document_a_forward_caches(env, tmp_path):
+    """`build(batch=3)` (documents of different lengths right-padded into one forward) caches the same labels,
+    tokens and documents as one document a forward, and the same features up to fp32 noise (found by mutating
+    hidden_cache.py: left padding, or labels read one position late, passed)."""
+    docs = [d[:k] for d, k in zip(documents(env, n=4), (40, 90, 17, 60))]
+    total = sum(map(len, docs))
+    layers = (1, 0)
+    one, three = (hidden_cache.build(env["target"], iter(docs), tmp_path / str(b), total, {"b": b}, progress=False,
+                                     layers=layers, batch=b) for b in (1, 3))
+    assert len(one) == len(three) == total
+    for a in ("labels", "tokens", "doc"):
+        assert np.array_equal(getattr(one, a), getattr(three, a)), a
+    assert np.array_equal(one.tokens, np.concatenate(docs)) and one.doc[-1] == 3
+    torch.testing.assert_close(torch.from_numpy(np.asarray(three.features, np.float32)),
+                               torch.from_numpy(np.asarray(one.features, np.float32)), atol=2e-3, rtol=2e-3)
 
 
 def test_draft_vocabulary_round_trip(env):
@@ -189,6 +207,52 @@ def test_train_eagle_from_the_command_line(env, tmp_path, monkeypatch, capsys):
     folders = sorted((tmp_path / "home" / "hidden").glob("*/*/meta.json"))
     assert len(folders) == 2 and any(json.loads(f.read_text()).get("regenerate") for f in folders)
     assert main(args[:-4] + regen[:-2] + ["--device", "tpu", "--quiet"]) == 2
+
+
+def test_batch_rows_are_the_shifted_tokens_labels_and_features():
+    """Batch by hand (found by mutating eagle.py: shifting tokens, labels, feat_next or on_path by one, or keeping a
+    2-token document, went unnoticed): row t of a document of n reads features[t] and, at step j, token t+1+j,
+    label t+1+j and (v1) features[t+1+j]; on_path[j] says the corpus token t+1+j is the target's greedy one after
+    t+j. Past a document's end: token 0, label -1, features 0."""
+    tokens = np.array([100, 101, 102, 103, 104, 200, 201, 202, 300, 301], np.int32)
+    labels = np.array([101, 7, 103, 104, 9, 201, 202, 5, 301, 8], np.int32)  # 7, 9, 5, 8: off the corpus
+    doc = np.array([0, 0, 0, 0, 0, 1, 1, 1, 2, 2], np.int32)
+    feats = np.stack([np.arange(10), -np.arange(10)], 1).astype(np.float16)
+    cache = hidden_cache.HiddenCache(None, {}, labels=labels, tokens=tokens, doc=doc, features=feats)
+    docs = E.Documents(cache, val_fraction=0.5)
+    assert docs.spans == [(0, 5), (5, 8)] and docs.train == [(0, 5)] and docs.val == [(5, 8)]  # 2 tokens: dropped
+    b = E.Batch(cache, docs.spans, steps=2, with_next=True)
+    assert b.feats[..., 0].tolist() == [[0, 1, 2, 3], [5, 6, 0, 0]]
+    assert b.tokens.tolist() == [[[101, 102, 103, 104], [201, 202, 0, 0]], [[102, 103, 104, 0], [202, 0, 0, 0]]]
+    assert b.labels.tolist() == [[[7, 103, 104, 9], [202, 5, -1, -1]], [[103, 104, 9, -1], [5, -1, -1, -1]]]
+    T, F_ = True, False
+    assert b.on_path.tolist() == [[[T, F_, T, T], [T, T, F_, F_]], [[F_, T, T, F_], [T, F_, F_, F_]],
+                                  [[T, T, F_, F_], [F_, F_, F_, F_]]]
+    assert b.feat_next[..., 0].tolist() == [[[1, 2, 3, 4], [6, 7, 0, 0]], [[2, 3, 4, 0], [7, 0, 0, 0]]]
+    assert b.positions.tolist() == [[0, 1, 2, 3]] * 2
+
+
+def test_loss_weighs_step_j_by_0_8_to_the_j_and_drops_labels_past_the_end(env, monkeypatch):
+    """Trainer.loss by hand (found by mutating eagle.py): uniform logits over a draft vocabulary of 4 give every
+    scored row log 4, so the 3-step loss is log 4 x (1 + 0.8 + 0.64); a label past a document's end (-1) maps to
+    no draft id, even where token 0 is in the draft vocabulary."""
+    cfg = EagleConfig.for_target(env["target"].cfg, "tiny", None, version=3, draft_vocab_size=4)
+    head = EagleHead(cfg)
+    head.set_vocab(torch.tensor([0, 3, 5, 7]))
+    n = 6
+    cache = hidden_cache.HiddenCache(None, {}, labels=np.full(n, 3, np.int32), tokens=np.arange(n, dtype=np.int32),
+                                     doc=np.zeros(n, np.int32), features=np.zeros((n, 64), np.float16))
+    tr = E.Trainer(head, None, cache, settings(ttt_steps=3))
+    assert tr.draft_targets(torch.tensor([-1, 0, 3, 4, 7])).tolist() == [-1, 0, 1, -1, 3]
+
+    def uniform(self, batch, steps, noise=False):
+        for _ in range(steps):
+            yield torch.zeros(*batch.labels.shape[1:], 4), None
+
+    monkeypatch.setattr(E.Trainer, "run", uniform)
+    loss, acc = tr.loss(E.Batch(cache, [(0, n)], 3))
+    assert math.isclose(float(loss), math.log(4) * (1 + 0.8 + 0.64), rel_tol=1e-6)
+    assert acc == [0.0, 0.0, 0.0]  # argmax 0 is token 0, the labels are token 3
 
 
 def test_validation_alpha_counts_only_positions_on_the_targets_greedy_path(env, monkeypatch):

@@ -310,6 +310,57 @@ def mean_loss(heads, cache, lm, ex):
     return F.cross_entropy(logits.flatten(0, 1), torch.from_numpy(ex.target[idx]).flatten(), ignore_index=-1).item()
 
 
+def test_examples_label_head_i_with_the_targets_token_i_plus_one_ahead():
+    """Examples by hand (found by mutating training/medusa.py: a shift by one or labels across a document boundary
+    went unnoticed): head i at position t learns labels[t + i + 1] of the same document, -1 past its end; the draft
+    vocabulary is the training documents' labels, most frequent first; held-out positions have a head-0 label."""
+    import numpy as np
+
+    from specdec.training import medusa as T
+    from specdec.training.hidden_cache import HiddenCache
+
+    labels = np.array([10, 11, 12, 13, 14, 15, 16, 17, 18, 19], np.int32)
+    doc = np.array([0, 0, 0, 0, 1, 1, 1, 2, 2, 2], np.int32)
+    cache = HiddenCache(None, {"tokens": 10}, labels=labels, tokens=labels, doc=doc)
+    ex = T.Examples(cache, T.TrainSettings(heads=2, val_fraction=0.05))
+    assert ex.full.tolist() == [[11, 12], [12, 13], [13, -1], [-1, -1], [15, 16], [16, -1], [-1, -1],
+                                [18, 19], [19, -1], [-1, -1]]
+    assert ex.vocab.tolist() == [10, 11, 12, 13, 14, 15, 16]  # documents 0 and 1 train, document 2 is held out
+    assert ex.target[:, 0].tolist() == [1, 2, 3, -1, 5, 6, -1, -1, -1, -1]  # 18, 19: outside the draft vocabulary
+    assert ex.train.tolist() == [0, 1, 2, 4, 5] and ex.val.tolist() == [7, 8]
+
+
+def test_after_hits_counts_a_head_only_where_the_heads_before_it_hit():
+    """evaluate by hand, with oracle heads (each head's top candidate is its label when the label is in the draft
+    vocabulary): a held-out label outside the vocabulary is a miss for its head, and the next head's "after_hits"
+    then leaves that position out (found by mutating training/medusa.py)."""
+    import numpy as np
+
+    from specdec.training import medusa as T
+    from specdec.training.hidden_cache import HiddenCache
+
+    labels = np.array([1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2, 3], np.int32)  # 4: only in the held-out document
+    hidden = np.arange(12, dtype=np.float32)[:, None]  # row t holds t: the fake heads look their logits up by it
+    cache = HiddenCache(None, {"tokens": 12}, labels=labels, tokens=labels, doc=np.repeat([0, 1], 6).astype(np.int32),
+                        hidden=hidden)
+    ex = T.Examples(cache, T.TrainSettings(heads=2, val_fraction=0.5))
+    assert ex.val.tolist() == [6, 7, 8, 9, 10] and ex.vocab.tolist() == [1, 2, 3]
+    assert ex.target[6:11].tolist() == [[1, -1], [-1, 0], [0, 1], [1, 2], [2, -1]]
+    table = torch.nn.functional.one_hot(torch.from_numpy(ex.target).clamp(min=0), 3).float()
+    table[torch.from_numpy(ex.target) < 0] = 0
+
+    class Oracle:
+        num_heads = 2
+
+        def __call__(self, h):
+            return table[h[:, 0].long()]
+
+    val = T.evaluate(Oracle(), torch.eye(3), cache, ex)
+    assert val["positions"] == 5 and val["top1"] == [0.8, 0.75]  # head 1: position 10's label is past the end
+    assert val["after_hits"][0][0] == 0.8
+    assert val["after_hits"][1][0] == 2 / 3  # positions 6, 8, 9: head 0 missed at 7
+
+
 def test_training_lowers_the_loss_and_resumes_exactly(env, hidden, tmp_path, monkeypatch):
     from specdec.training import medusa as T
 

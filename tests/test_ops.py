@@ -14,10 +14,10 @@ pytestmark = pytest.mark.skipif(not ops.available(), reason="the fused-ops kerne
 
 
 @pytest.mark.parametrize("B,n,H,Hk,D", [(1, 1, 12, 2, 128), (2, 5, 4, 4, 16), (1, 7, 9, 3, 64)])
-@pytest.mark.parametrize("kv", [torch.float32, torch.float16])
+@pytest.mark.parametrize("kv", [torch.float32, torch.float16, torch.bfloat16])
 def test_rope_store_gives_torch_bits(B, n, H, Hk, D, kv):
-    """q rotated in place, k rotated and v copied into the cache: torch's bits; into an fp16 cache, rounded as
-    torch's assignment into an fp16 tensor rounds (to nearest, ties to even)."""
+    """q rotated in place, k rotated and v copied into the cache: torch's bits; into an fp16 or bf16 cache, rounded
+    as torch's assignment into such a tensor rounds (to nearest, ties to even)."""
     g = torch.Generator().manual_seed(n)
     qkv = torch.randn(B, n, (H + 2 * Hk) * D, generator=g) * 3
     angles = torch.rand(B, n, D // 2, generator=g) * 100
@@ -31,6 +31,33 @@ def test_rope_store_gives_torch_bits(B, n, H, Hk, D, kv):
     assert torch.equal(got_q, want_q)
     assert torch.equal(mine.k[0], ref.k[0]) and torch.equal(mine.v[0], ref.v[0])
     assert mine.k[0][:, :, start:start + n].abs().sum() > 0  # written
+
+
+@pytest.mark.parametrize("kv", [torch.float16, torch.bfloat16])
+def test_rope_store_rounds_ties_to_even_and_keeps_nan(kv):
+    """Values exactly halfway between two fp16 / bf16 numbers go to the even one, as torch's `.to()` rounds them,
+    and a NaN stays a NaN (found by mutating ops.c: round-half-up and plain truncation of bf16 passed)."""
+    ulp = 2.0 ** (-10 if kv == torch.float16 else -7)  # the step just above 1
+    ties = torch.tensor([1 + ulp / 2, 1 + 3 * ulp / 2, -(1 + ulp / 2), -(1 + 3 * ulp / 2), 2 + ulp, 3 + 3 * ulp,
+                         0.0, float("nan")])  # -> 1, 1 + 2 ulp, -1, -(1 + 2 ulp), 2, 3 + 4 ulp (even mantissas)
+    D, H, Hk = 8, 1, 1
+    qkv = torch.zeros(1, 1, (H + 2 * Hk) * D)
+    qkv[0, 0, 2 * D:] = ties  # v: copied without rotation
+    cos, sin = torch.ones(1, 1, 1, D), torch.zeros(1, 1, 1, D)
+    cache = KVCache(1, 1, Hk, 4, D, dtype=kv)
+    ops.rope_store(qkv, cos, sin, cache, 0, 2, H, Hk)
+    got, want = cache.v[0][0, 0, 2], ties.to(kv)
+    assert torch.equal(got[:7].view(torch.int16), want[:7].view(torch.int16)), (got, want)
+    assert bool(got[7].isnan())  # (torch's own NaN bits differ between its conversion routes)
+    assert got[:6].tolist() == [1.0, 1 + 2 * ulp, -1.0, -(1 + 2 * ulp), 2.0, 3 + 4 * ulp]
+
+
+@pytest.mark.parametrize("d", [8, 13])
+def test_rmsnorm_adds_eps_to_the_mean_square(d):
+    """eps is added to mean(x^2), not to the sum of squares: x = 1e-3 everywhere, eps = 3e-6 gives
+    1e-3 / sqrt(1e-6 + 3e-6) = 0.5 (with eps inside the sum, 1e-3 / sqrt(1e-6 + 3e-6 / d) instead)."""
+    x = torch.full((2, d), 1e-3)
+    torch.testing.assert_close(ops.rmsnorm(x, torch.ones(d), 3e-6), torch.full((2, d), 0.5), rtol=1e-5, atol=0)
 
 
 @pytest.mark.parametrize("d", [576, 1536, 13])  # SmolLM2, Qwen 1.5B, a tail that is not a multiple of 8
@@ -59,7 +86,7 @@ def test_exact_model_takes_the_fused_path(model, monkeypatch):  # noqa: F811
         assert torch.equal(model(tokens[:, i:i + 1], cache).logits[0, 0], chain[0, i])
 
 
-@pytest.mark.parametrize("I", [8960, 1536, 13])  # Qwen 1.5B, SmolLM2, a tail that is not a multiple of 8
+@pytest.mark.parametrize("I", [8960, 1536, 13, 9])  # Qwen 1.5B, SmolLM2, tails that are not a multiple of 8
 def test_silu_mul_is_silu_times_up_and_rows_do_not_depend_on_n(I):
     g = torch.Generator().manual_seed(I)
     gu = torch.randn(5, 2 * I, generator=g) * 6

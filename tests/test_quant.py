@@ -497,6 +497,21 @@ def test_quality_cli_json(tiny_folder, capsys):
     assert main(["quality", "--model", str(tiny_folder), "--dtype", "auto"]) == 2
 
 
+def test_a_projection_in_parts_gives_each_part_its_bias_columns():
+    """A QLinear of several parts (a fused q|k|v whose v the GGUF holds in another format) with a bias (Qwen2's
+    q|k|v): each part's columns get their own slice of the bias (found by mutating model.py: every part took the
+    first columns' bias), on every ISA."""
+    w1, x, b1 = case(20, 64, 3, seed=5)
+    w2, _, b2 = case(12, 64, 3, seed=6)
+    p1, p2 = Q.from_fp32(w1, "q8"), Q.from_fp32(w2, "q4")
+    bias = torch.cat([b1, b2])
+    want = torch.cat([Q.reference(x, p1, b1), Q.reference(x, p2, b2)], -1)
+    for use in USES:
+        proj = QLinear([p1, p2], bias)
+        proj.use = use
+        assert torch.equal(proj(x), want), use
+
+
 @pytest.mark.parametrize("fmt", Q.FORMATS)
 def test_num_weights_counts_quantized_projections(tiny_folder, fmt):
     fp32 = load_transformer(tiny_folder, torch.float32)

@@ -208,6 +208,40 @@ def test_the_c_sampler_draws_what_torchs_inverse_cdf_draws():
         sample(torch.tensor([[0.5, float("inf")]]), u=torch.tensor([0.5]))
 
 
+def test_the_c_sampler_at_exact_cumulative_boundaries():
+    """Found by mutating ops.c. A uniform landing exactly on a cumulative sum draws the next token (the first whose
+    cumulative mass exceeds u x total), also where that sum is a whole block's (64 tokens); and where float64
+    rounding leaves the token-by-token scan of a block short of the target its block's sum passed, the last token
+    with mass wins, never a zero-mass one after it."""
+    from specdec.runtime.kernels import ops
+
+    if not ops.available():
+        pytest.skip("the ops library is unavailable (no C compiler, no AVX2, or SPECDEC_KERNEL=0)")
+    f64 = lambda *u: torch.tensor(u, dtype=torch.float64)
+    p = torch.tensor([[0.25, 0.25, 0.5]]).expand(4, 3)
+    assert ops.sample_rows(p, f64(0.0, 0.25, 0.5, 0.75)).tolist() == [0, 1, 2, 2]
+    assert ops.sample_rows(torch.full((2, 128), 1 / 128), f64(0.5, 0.5 - 2 ** -40)).tolist() == [64, 63]
+    # the block's sum pairs 2^-53 + 2^-53 first (1 + 2^-52); the scan adds them to 1 one at a time (stays 1)
+    for n in (8, 70):
+        p = torch.zeros(1, n)
+        p[0, 0], p[0, 2], p[0, 3] = 1.0, 2.0 ** -53, 2.0 ** -53
+        assert ops.sample_rows(p, f64(1 - 2 ** -53)).tolist() == [3], n
+
+
+def test_top_k_threshold_counts_the_last_column():
+    """The k-th largest where the largest values sit in the last columns (the heap's scalar tail, found by
+    mutating ops.c), for row lengths around whole octets."""
+    from specdec.runtime.kernels import ops
+
+    if not ops.available():
+        pytest.skip("the ops library is unavailable (no C compiler, no AVX2, or SPECDEC_KERNEL=0)")
+    for vocab in range(1, 26):
+        x = torch.arange(vocab, dtype=torch.float32).repeat(2, 1)
+        x[1] = x[1].flip(0)  # largest first, for contrast
+        for k in range(1, vocab + 1):
+            assert ops.kth_largest(x, k).tolist() == [[vocab - k], [vocab - k]], (vocab, k)
+
+
 def test_top_ks_threshold_in_c_is_torchs():
     """`ops.kth_largest` gives torch.topk's k-th value, duplicates counted (ties at the edge), any k."""
     from specdec.runtime.kernels import ops
