@@ -80,8 +80,8 @@ static inline void store_f16(uint16_t *out, const float *x, int64_t D) {
         _mm_storeu_si128((__m128i *)(out + j), _mm256_cvtps_ph(_mm256_loadu_ps(x + j), _MM_FROUND_TO_NEAREST_INT));
 }
 
-/* fp32 x[0 .. D) -> bf16 as torch's .to(torch.bfloat16) rounds: to nearest even; a NaN becomes the quiet NaN 0x7fc0 (torch may
- * keep other NaN bits, e.g. 0xffff: still a NaN). */
+/* fp32 x[0 .. D) -> bf16 as torch's .to(torch.bfloat16) rounds: to nearest even; a NaN becomes the quiet NaN
+ * 0x7fc0 (torch may keep another NaN's bits, e.g. 0xffff: a NaN all the same). */
 static inline void store_bf16(uint16_t *out, const float *x, int64_t D) {
     for (int64_t j = 0; j < D; j++) {
         uint32_t u;
