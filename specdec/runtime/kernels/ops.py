@@ -113,7 +113,8 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
 def topk_rows(x: torch.Tensor, k: int) -> torch.Tensor:
     """The indices of each row's k largest entries, largest first, [rows, k] (ties to the lower index), for a 2-D
     tensor: `ops.c`'s `topk_rows` for fp32 CPU rows (a NaN never counts), else (or where a row has fewer than k
-    entries above -inf) torch's `topk` (whose order among ties is its own). Example: topk_rows([[1., 3., 3., 0.]], 2) is [[1, 2]]."""
+    entries above -inf) torch's `topk` (whose order among ties is its own).
+    Example: topk_rows([[1., 3., 3., 0.]], 2) is [[1, 2]]."""
     if not (x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and 0 < k <= x.shape[-1]
             and x.stride(-1) == 1 and available()):
         return x.topk(k, dim=-1).indices
