@@ -91,3 +91,30 @@ def test_every_request_refused_stops_with_the_servers_reason(tmp_path, capsys, m
                  "--requests", "2", "--out", str(tmp_path / "lt")]) == 2
     err = capsys.readouterr().err
     assert "refused every request at concurrency 1: HTTP 404" in err and "not found" in err
+
+
+def test_one_request_times_chunk_gaps_and_the_time_per_output_token():
+    """A stream of chunks "a", "bc", "d" 30 ms apart carrying 4 tokens: ITL gaps of ~30 ms each (one per chunk, as a
+    reader waits them) and TPOT ~60 / 3 = 20 ms (first to last text over the tokens after the first)."""
+    import asyncio
+
+    import httpx
+
+    async def sse():
+        for i, text in enumerate(["a", "bc", "d"]):
+            if i:
+                await asyncio.sleep(0.03)
+            yield f'data: {json.dumps({"choices": [{"delta": {"content": text}}]})}\n\n'.encode()
+        yield f'data: {json.dumps({"choices": [], "usage": {"completion_tokens": 4}})}\n\ndata: [DONE]\n\n'.encode()
+
+    async def go():
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, content=sse()))
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await L.one_request(client, "http://127.0.0.1:1", {}, {})
+
+    d = asyncio.run(go())
+    assert d["tokens"] == 4 and len(d["gaps"]) == 2 and all(0.025 < g < 0.2 for g in d["gaps"])
+    assert d["tpot"] == pytest.approx(sum(d["gaps"]) / 3)
+    level = L.pooled(1, [dict(requests=1, done=[d], errors=[], seconds=1.0, ratios={},
+                              server=dict.fromkeys([*L.SERVER_COUNTERS, *(f"arm_{a}" for a in L.ARMS)], 0.0))])
+    assert level["tpot_p50"] == d["tpot"] and "TPOT p50 ms" in L.markdown([level], "t")

@@ -10,7 +10,10 @@ after the other compared, since the machine's speed drifts, for throughput and f
 95% interval from 6 runs: `median_interval`). Time to first token
 (TTFT): request sent to the first non-empty text. Inter-token latency (ITL): the gaps between a
 response's successive text chunks, all responses of the level pooled (a speculative round that commits
-three tokens arrives as one chunk, so its gap is what a reader waits). A request that fails, or is still
+three tokens arrives as one chunk, so its gap is what a reader waits; vLLM's benchmark counts it so).
+Time per output token (TPOT): per response, first to last text over its tokens after the first (vLLM's
+TPOT), the median over responses: the pace a reader sees, where speculation's bursts count as the tokens
+they bring (a stream whose chunks come every 6 ms with 1.6 tokens each: ITL 6 ms, TPOT 3.75 ms). A request that fails, or is still
 running when the level's time is up, counts as an error. The server's /metrics, read before and after
 each level, add its side: steps, drafted and accepted tokens (so alpha), steps past the budget line, and an
 auto server's own measure of its arms at the level's batch size (`scheduler.ModePicker.estimates`).
@@ -105,8 +108,10 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict, headers: 
                 arrivals.append(time.perf_counter())
     if usage is None:
         raise RuntimeError("the stream ended without usage")
-    return dict(tokens=usage["completion_tokens"], ttft=arrivals[0] - t0 if arrivals else None,
-                gaps=[b - a for a, b in zip(arrivals, arrivals[1:])], seconds=time.perf_counter() - t0)
+    tokens = usage["completion_tokens"]
+    return dict(tokens=tokens, ttft=arrivals[0] - t0 if arrivals else None,
+                gaps=[b - a for a, b in zip(arrivals, arrivals[1:])], seconds=time.perf_counter() - t0,
+                tpot=(arrivals[-1] - arrivals[0]) / (tokens - 1) if arrivals and tokens > 1 else None)
 
 
 async def run_level(url: str, model: str, prompts: list[str], concurrency: int, requests: int,
@@ -160,6 +165,7 @@ def pooled(concurrency: int, runs: list[dict]) -> dict:
     errors = [e for r in runs for e in r["errors"]]
     gaps = [g for d in done for g in d["gaps"]]
     ttfts = [d["ttft"] for d in done if d["ttft"] is not None]
+    tpots = [d["tpot"] for d in done if d.get("tpot") is not None]
     rates = [sum(d["tokens"] for d in r["done"]) / r["seconds"] for r in runs]
     server = {k: sum(r["server"][k] for r in runs) for k in runs[0]["server"]}
     return dict(concurrency=concurrency, requests=sum(r["requests"] for r in runs), completed=len(done),
@@ -167,7 +173,8 @@ def pooled(concurrency: int, runs: list[dict]) -> dict:
                 tokens=sum(d["tokens"] for d in done), throughput=statistics.median(rates), throughputs=rates,
                 ttft_p50=percentile(ttfts, 0.5), ttft_p99=percentile(ttfts, 0.99),
                 itl_p50=percentile(gaps, 0.5), itl_p99=percentile(gaps, 0.99),
-                itl_mean=statistics.fmean(gaps) if gaps else None, server=server,
+                itl_mean=statistics.fmean(gaps) if gaps else None, tpot_p50=percentile(tpots, 0.5),
+                tpot_p99=percentile(tpots, 0.99), server=server,
                 alpha=server["accepted"] / server["drafted"] if server["drafted"] else None,
                 ratios=runs[-1].get("ratios", {}), raw=runs)
 
@@ -212,10 +219,10 @@ def ratio(r: float, mode: str, interval: tuple[float, float] | None = None) -> s
 def markdown(levels: list[dict], title: str) -> str:
     ms = lambda x: "–" if x is None else f"{1000 * x:.0f}"  # noqa: E731
     rows = [f"## {title}", "",
-            "| mode | concurrency | completed | errors | tokens/s | TTFT p50 ms | ITL p50 ms | ITL p99 ms "
+            "| mode | concurrency | completed | errors | tokens/s | TTFT p50 ms | ITL p50 ms | ITL p99 ms | TPOT p50 ms "
             "| × the other modes (paired; 95% interval, bold: 1 outside it) | ITL p99 × the others (paired) | drafted per step | α | steps past budget "
             "| auto's arms (model/never/always) | auto's own measure at this B |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---|---|"]
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---|---|"]
     for lv in levels:
         sv, steps = lv["server"], max(lv["server"]["steps"], 1)
         alpha = "–" if lv["alpha"] is None else f"{lv['alpha']:.2f}"
@@ -230,7 +237,7 @@ def markdown(levels: list[dict], title: str) -> str:
         measured = f"runs {runs_on}" + (f"; {others}" if others else "") if runs_on else "–"
         rows.append(f"| {lv.get('mode', '-')} | {lv['concurrency']} | {lv['completed']}/{lv['requests']} | "
                     f"{lv['errors']} | {lv['throughput']:.2f} | {ms(lv['ttft_p50'])} | {ms(lv['itl_p50'])} | "
-                    f"{ms(lv['itl_p99'])} | {versus} | {tails} | {sv['drafted'] / steps:.2f} | {alpha} | "
+                    f"{ms(lv['itl_p99'])} | {ms(lv.get('tpot_p50'))} | {versus} | {tails} | {sv['drafted'] / steps:.2f} | {alpha} | "
                     f"{sv['over_budget'] / steps:.0%} | {arms} | {measured} |")
     return "\n".join(rows) + "\n" + outside(levels)
 
