@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from specdec.adaptive import FixedK
 from specdec.decode import Request, decode
-from specdec.draft import children, path_to
+from specdec.draft import children, depths, path_to
 from specdec.drafters.base import Context
 from specdec.drafters.eagle import Eagle, build, find_head
 from specdec.drafters.eagle_head import EagleConfig, EagleHead
@@ -104,6 +104,23 @@ def fresh_root(env, tokens):
     return logits[0, -1], h[0, -1]
 
 
+@torch.inference_mode()
+def from_scratch(env, tokens):
+    """A generator of the head's draft logits [Vd] after the root, then after each token sent to it: a fresh head
+    cache fed (f_t, x_{t+1}) at position t for the committed tokens, then one step per token at the next position."""
+    target, head, aux = env["target"], env["head"], env["head"].cfg.aux_layers
+    out = target(torch.tensor([tokens[:-1]]), target.new_cache(len(tokens)), hidden_layers=aux)
+    cache, pos = head.new_cache(len(tokens) + 16), len(tokens) - 1
+    logits, h = head(target.embed(torch.tensor([tokens[1:]])).float(),
+                     head.fuse(torch.cat([out.hidden[i] for i in aux], -1)), torch.arange(pos)[None], cache)
+    logits, h = logits[0, -1], h[0, -1]
+    while True:
+        t = yield logits
+        logits, h = (x[0, 0] for x in head(target.embed(torch.tensor([[t]])).float(), h[None, None],
+                                            torch.tensor([[pos]]), cache))
+        pos += 1
+
+
 def context_for(env, tokens, sampling=None, seed=0):
     """A Context as the loop hands it to round 1: the features of every committed position but the root."""
     target, aux = env["target"], env["head"].cfg.aux_layers
@@ -180,6 +197,11 @@ def test_dynamic_tree_reranks_to_the_best_n_nodes(env):
     assert len(full) == 3 + 3 * 3 + 3 * 3  # depth 1: 3; depths 2 and 3: 3 expanded x 3 children
     scores = node_scores(env, tokens, full)  # the tree mask gives what one-path-at-a-time drafting gives
     paths = [tuple(int(full.tokens[j]) for j in path_to(full.parents, i)) for i in range(len(full))]
+    depth = depths(full.parents).tolist()
+    for d in (0, 1):  # each depth expands its 3 best-scoring nodes, whoever their parents are
+        level = [i for i in range(len(full)) if depth[i] == d]
+        expanded = {int(full.parents[i]) for i in range(len(full)) if depth[i] == d + 1}
+        assert expanded == set(sorted(level, key=lambda i: -scores[i])[:3])
     for n in (1, 5, 10):
         small = eagle(env, nodes=n, topk=3).propose(context_for(env, tokens), 3)
         assert len(small) == n and small.q is None
@@ -189,6 +211,15 @@ def test_dynamic_tree_reranks_to_the_best_n_nodes(env):
         for kids in children(small.parents):  # siblings distinct: exact with q = None
             assert len({int(small.tokens[c]) for c in kids}) == len(kids)
     assert eagle(env, nodes=6).propose(context_for(env, tokens), 2).depth <= 2
+
+
+def test_a_fresh_drafter_has_its_own_head_cache(env):
+    a = eagle(env, "chain", nodes=3)
+    a.propose(context_for(env, encode(env, "the cat")), 3)
+    b = a.fresh()  # another request on the same head
+    assert b.cache is None and b.root is None and b.head is a.head
+    assert len(b.propose(context_for(env, encode(env, "def f(x)")), 3)) == 3
+    assert a.cache is not b.cache and a.cache.length == len(encode(env, "the cat")) - 1  # a's entries untouched
 
 
 def test_static_tree_and_chain_shapes(env):
@@ -203,6 +234,49 @@ def test_static_tree_and_chain_shapes(env):
     sampled = c.propose(context_for(env, tokens, SamplingParams(temperature=0.8)), 3)
     assert len(sampled) == 3 and sampled.q.shape == (3, VOCAB)
     assert torch.allclose(sampled.q.sum(-1), torch.ones(3)) and not bool(sampled.q[:, ~env["head"].t2d].any())
+
+
+def test_sampled_chain_carries_the_heads_own_q_rows(env):
+    """Under sampling, row j of q is the head's distribution (at the request's temperature and top-k) after the
+    root and drafted tokens 0 .. j-1, run one step at a time at positions root, root + 1, ...: what each token
+    was drawn from."""
+    tokens = env["tok"].encode("the cat sat", chat=False)
+    sampling = SamplingParams(temperature=0.7, top_k=20)
+    d = eagle(env, "chain", nodes=4)
+    draft = d.propose(context_for(env, tokens, sampling, seed=3), 4)
+    assert draft.is_chain and len(draft) == 4
+    head = env["head"]
+    step = from_scratch(env, tokens)
+    logits = next(step)
+    for j, t in enumerate(draft.tokens.tolist()):
+        want = probs_from_logits(logits, sampling)
+        torch.testing.assert_close(draft.q[j, head.to_target(torch.arange(DRAFT_VOCAB))], want)
+        assert float(want[int(head.t2d[:t].sum())]) > 0  # the drafted token is one q can draw
+        logits = step.send(t)
+
+
+@pytest.mark.parametrize("tree", ["chain", "static"])
+def test_tree_steps_score_with_the_heads_logits_from_scratch(env, monkeypatch, tree):
+    """Every node a greedy chain or a static tree expands is scored with the logits the head computes for its path
+    one step at a time from a fresh cache (positions, mask and hidden inputs of the tree step), and a chain drafts
+    their argmax."""
+    from specdec.drafters import eagle as E
+
+    seen, real = [], E.top_logprobs
+    monkeypatch.setattr(E, "top_logprobs", lambda logits, *a, **kw: seen.append(logits.clone()) or real(logits, *a, **kw))
+    tokens = encode(env, PROMPTS[0])
+    draft = eagle(env, tree, nodes=5 if tree == "chain" else 9).propose(context_for(env, tokens), 5)
+    rows = torch.cat(seen)  # the root's row, then one row per expanded node, in draft order
+    expanded = sorted({int(p) for p in draft.parents if p >= 0})
+    assert len(rows) == 1 + len(expanded)
+    for row, node in zip(rows, [-1] + expanded):
+        step = from_scratch(env, tokens)
+        logits = next(step)
+        for j in (path_to(draft.parents, node) if node >= 0 else []):
+            logits = step.send(int(draft.tokens[j]))
+        torch.testing.assert_close(row, logits, atol=1e-4, rtol=1e-4)
+    if tree == "chain":
+        assert draft.tokens.tolist() == env["head"].to_target(rows.argmax(-1)).tolist()
 
 
 # --- the loop ---------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from specdec.decode import Request, decode
 from specdec.draft import Draft, children, forward_layout
 from specdec.drafters.base import Context
 from specdec.drafters.medusa import (Medusa, MedusaHeads, TreeLayout, auto_nodes, calibrated_paths, chain,
-                                     check_paths)
+                                     check_paths, path_probability)
 from specdec.errors import SpecdecError
 from specdec.runtime.loader import load_transformer
 from specdec.sampling import SamplingParams, make_generator, probs_from_logits
@@ -92,6 +92,9 @@ def test_layout_from_rank_paths():
         check_paths([(0,), (1, 0)], 3, 4)
     with pytest.raises(ValueError, match="1..3 ranks"):
         check_paths([(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)], 3, 4)
+    check_paths([(0,), (3,)], 3, 4)
+    with pytest.raises(ValueError, match=r"each in \[0, 4\)"):
+        check_paths([(0,), (4,)], 3, 4)  # rank 4 of a 4-token draft vocabulary does not exist
 
 
 def test_calibrated_tree_picks_the_likeliest_paths():
@@ -102,6 +105,48 @@ def test_calibrated_tree_picks_the_likeliest_paths():
         check_paths(calibrated_paths(acc, n), 2, 2)
     assert auto_nodes(acc, lambda n: 1.0) == 6            # free positions: take every path
     assert auto_nodes(acc, lambda n: 1.0 + 0.5 * (n - 1)) == 1   # steep cost: one node
+
+
+def test_calibrated_tree_scores_each_depth_with_its_own_rates():
+    # head 1 is right 90% of the time after head 0's top token was: (0, 0) .45 beats (1,) .4
+    acc = [[0.5, 0.4], [0.9, 0.1]]
+    assert calibrated_paths(acc, 6) == [(0,), (0, 0), (1,), (1, 0), (0, 1), (1, 1)]  # .5 .45 .4 .36 .05 .04
+    g = torch.Generator().manual_seed(0)
+    acc = (torch.rand(3, 3, generator=g) * 0.5).tolist()
+    every = [(a,) for a in range(3)] + [(a, b) for a in range(3) for b in range(3)] + [
+        (a, b, c) for a in range(3) for b in range(3) for c in range(3)]
+    by_probability = sorted(every, key=lambda p: -path_probability(acc, p))
+    assert calibrated_paths(acc, len(every)) == by_probability  # the greedy is the exact ranking
+
+
+def test_auto_nodes_counts_the_root_as_a_verified_position():
+    # positions verified: the root + N nodes; 3 positions cost one step, 4 cost two
+    acc = [[0.6, 0.2], [0.4, 0.15]]  # tree .6, .24, .2, ...: expected 1.6, 1.84, 2.04, ...
+    assert auto_nodes(acc, lambda positions: 1.0 if positions <= 3 else 2.0) == 2
+    assert auto_nodes(acc, lambda positions: 1.0 if positions <= 4 else 2.0) == 3
+
+
+def test_draft_tokens_are_each_depths_head_at_each_rank(env):
+    # the module docstring's tree: node (r0, .., rd) drafts head d's rank-rd candidate
+    class Fixed(Medusa):
+        def candidates(self, hidden):
+            return torch.tensor([[10, 11], [20, 21], [30, 31]])
+
+    d = Fixed(MedusaHeads(K, 64), env["target"].lm_head.weight.detach(), torch.arange(VOCAB),
+              [(0,), (1,), (0, 0), (0, 1), (0, 0, 0)])
+    ctx = Context([5, 6], 2, SamplingParams(), make_generator(0), hidden=torch.zeros(64))
+    draft = d.propose(ctx, 3)
+    assert draft.tokens.tolist() == [10, 11, 20, 21, 30] and draft.parents.tolist() == [-1, -1, 0, 0, 2]
+    assert d.propose(ctx, 2).tokens.tolist() == [10, 11, 20, 21]
+
+
+def test_candidates_are_target_ids_of_the_draft_vocabulary(env):
+    vocab = torch.tensor([40, 7, 93, 12, 65, 3])  # draft index -> target id, not sorted
+    lm = env["target"].lm_head.weight.detach()
+    d = Medusa(MedusaHeads(K, 64), lm[vocab], vocab, chain(K))
+    h = torch.randn(64, generator=torch.Generator().manual_seed(0))
+    best = vocab[(lm[vocab] @ h).argmax()]  # zero heads: the LM head's favourite among the six
+    assert d.candidates(h).flatten().tolist() == [int(best)] * K
 
 
 def test_zero_initialised_heads_predict_what_the_lm_head_predicts(env):
@@ -408,6 +453,29 @@ def test_heads_for_another_target_are_refused(env, tmp_path):
         heads.load(tmp_path / "h", "medusa", other, "tiny-1")
     with pytest.raises(SpecdecError, match="no config.json"):
         heads.find("tiny-0", "medusa", tmp_path / "nothing")
+
+
+def test_build_sizes_the_tree_and_the_prior_from_the_heads_file(env, tmp_path):
+    from types import SimpleNamespace
+
+    from specdec.drafters.medusa import build
+    from specdec.training import heads
+
+    tensors = {"weight": torch.zeros(K, 64, 64), "bias": torch.zeros(K, 64), "vocab": torch.arange(VOCAB)}
+    acc = {"after_hits": [[0.5, 0.2, 0.1]] * K}  # tree (0,) .5, (0, 0) .25, (1,) .2, (0, 0, 0) .125, ...
+    heads.save(tmp_path / "h", tensors, {"kind": "medusa", "target": {"name": "tiny-0",
+               "fingerprint": heads.fingerprint(env["folder"])}, "heads": K, "hidden_size": 64, "val_accuracy": acc})
+    llm = SimpleNamespace(name="tiny-0", folder=env["folder"], model=env["target"])
+    d = build(llm, tmp_path / "h", "chain", tree_nodes=2)
+    assert d.layout.parents.tolist() == [-1, 0] and d.k_max == 2  # a chain of tree_nodes nodes
+    d = build(llm, tmp_path / "h", "auto", tree_nodes=3)
+    assert d.layout.parents.tolist() == [-1, -1, 0]
+    assert d.prior_alpha == pytest.approx(0.7)  # P(a first-level candidate is right): .5 + .2
+    assert build(llm, tmp_path / "h", "auto", tree_nodes=4).prior_alpha == pytest.approx(0.7)
+    acc["after_hits"][0] = [0.9, 0.08, 0.02]  # every first-level candidate: 1.0
+    heads.save(tmp_path / "h2", tensors, {"kind": "medusa", "target": {"name": "tiny-0",
+               "fingerprint": heads.fingerprint(env["folder"])}, "heads": K, "hidden_size": 64, "val_accuracy": acc})
+    assert build(llm, tmp_path / "h2", "auto", tree_nodes=39).prior_alpha == pytest.approx(0.95)  # capped
 
 
 class Recorder(Medusa):

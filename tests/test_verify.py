@@ -708,3 +708,28 @@ def test_typical_tree_breaks_ties_by_the_lowest_index():
     p = torch.tensor([[0.45, 0.45, 0.1]] * 3)
     r = V.verify(Draft(torch.tensor([0, 1]), torch.tensor([-1, -1])), p, V.Draws(0), mode="typical")
     assert r.path == [0]
+
+
+def test_typical_tree_tests_a_node_against_its_parents_row():
+    """A node's token was proposed for the row after its parent: its threshold is that row's. Row 0 is flat
+    (threshold 0.3 / 16 ~ 0.019, so p = 0.06 clears it); the rows after the nodes are one-hot (threshold 0.09)."""
+    row0 = torch.full((16,), 0.94 / 15, dtype=torch.float64)
+    row0[0] = 0.06
+    hot = torch.nn.functional.one_hot(torch.tensor(5), 16).double()
+    p = torch.stack([row0, hot, hot])
+    r = V.verify(Draft(torch.tensor([0, 1]), torch.tensor([-1, -1])), p, V.Draws(0), mode="typical")
+    assert r.path == [0] and r.tokens.tolist() == [0, 5]
+
+
+def test_typical_extra_token_draws_the_uniform_of_its_position():
+    """The token after the accepted ones is the inverse CDF of its row at the request's uniform for its
+    position (position + accepted), as plain decoding would draw it there."""
+    flat = torch.full((3, 8), 1 / 8, dtype=torch.float64)
+    draws = V.Draws(1)
+    for position in range(6):
+        want = int(sample(flat[1], u=draws.uniforms(position + 1, 1)))
+        n, tokens = V.typical_verify(flat[:2], torch.tensor([3]), draws, position=position, epsilon=0.05)
+        assert n == 1 and tokens.tolist() == [3, want]
+        r = V.verify(Draft(torch.tensor([3, 4]), torch.tensor([-1, -1])), flat, draws, mode="typical",
+                     typical_epsilon=0.05, position=position)
+        assert r.path == [0] and r.tokens.tolist() == [3, want]
