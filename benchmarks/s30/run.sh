@@ -4,6 +4,8 @@
 set -e
 B=benchmarks/s30
 lscpu > $B/lscpu.txt
+# small calls right after a forward against warm
+python benchmarks/s30/cold_calls.py | tee $B/cold-calls.txt
 # a step's own work (before and after its forward) with the code before this session (2551b22) and after, alternating
 git worktree add -f /tmp/base 2551b22
 for r in 1 2; do for code in /tmp/base .; do PYTHONPATH=$code python benchmarks/s29/step_parts.py; done; done \
