@@ -312,24 +312,31 @@ def test_ctrl_c_answers_the_requests_in_flight(tiny):
     assert answers["plain"].status_code == 503 and "shutting down" in answers["plain"].json()["error"]["message"]
 
 
-def test_ctrl_c_exits_cleanly(tiny):
-    """--port 0 takes a free port and says which (it printed http://127.0.0.1:0); Ctrl-C exits with 0."""
+@pytest.mark.parametrize("command, args, stream, marker, page", [
+    ("serve", ["--budget", "4"], "stderr", "ready on ", "/health"),
+    ("race", [], "stdout", "open ", "/"),
+])
+def test_ctrl_c_exits_cleanly(tiny, command, args, stream, marker, page):
+    """--port 0 takes a free port and says which (it printed http://127.0.0.1:0); Ctrl-C exits with 0, for the race
+    page's server as for `serve` (it exited 130 and printed "interrupted")."""
     folder = tiny[0]
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--model", folder, "--dtype", "fp32",
-                             "--port", "0", "--budget", "4"], env=env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", command, "--model", folder, "--dtype", "fp32",
+                             "--port", "0", *args], env=env, text=True,
+                            stdout=subprocess.PIPE if stream == "stdout" else subprocess.DEVNULL,
+                            stderr=subprocess.PIPE if stream == "stderr" else subprocess.DEVNULL)
     lines = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
+    threading.Thread(target=lambda: [lines.put(line) for line in getattr(proc, stream)], daemon=True).start()
     try:
         ready, end = "", time.time() + 60
-        while "ready on" not in ready:
+        while marker not in ready:
             try:
                 ready = lines.get(timeout=max(end - time.time(), 0.01))
             except queue.Empty:
-                pytest.fail("no 'ready on' line within 60 s")
-        url = ready.split("ready on ")[1].strip()
+                pytest.fail(f"no {marker!r} line within 60 s")
+        url = ready.split(marker)[1].split()[0].rstrip("/")
         assert url.startswith("http://127.0.0.1:") and not url.endswith(":0")
-        assert httpx.get(url + "/health").status_code == 200
+        assert httpx.get(url + page).status_code == 200
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
     finally:
