@@ -213,6 +213,37 @@ def test_dynamic_tree_reranks_to_the_best_n_nodes(env):
     assert eagle(env, nodes=6).propose(context_for(env, tokens), 2).depth <= 2
 
 
+def test_dynamic_tree_sizes(env):
+    """nodes(k) of a dynamic tree is what propose drafts k deep: topk at depth 1, then topk expanded x topk
+    children per further depth, at most N (and no deeper than DEPTH); topk is at most N. Worked: topk 3 ->
+    3, 12, 21; topk 2, N 5 -> 2, then 2 + 4 = 6 drafted at depth 2, one over N, reranked to 5; N 2 with the
+    default topk 8 -> topk 2: two nodes at depth 1 (not a chain of one)."""
+    from specdec.drafters.eagle import DEPTH
+
+    tokens = env["tok"].encode("the cat sat", chat=False)
+    for nodes, topk, want in ((10 ** 6, 3, [0, 3, 12, 21]), (5, 2, [0, 2, 5, 5]), (2, 8, [0, 2, 2, 2])):
+        d = eagle(env, nodes=nodes, topk=topk)
+        assert [d.nodes(k) for k in range(4)] == want and d.nodes(DEPTH + 3) == d.nodes(DEPTH)
+        for k in (1, 2, 3):
+            d.reset()
+            assert len(d.propose(context_for(env, tokens), k)) == want[k], (nodes, topk, k)
+    assert eagle(env, nodes=2).topk == 2 and eagle(env, nodes=1).topk == 1
+
+
+def test_static_tree_follows_the_layouts_rank_paths(env):
+    """A static tree drafts the calibrated rank paths (a node's rank: its place among its parent's children,
+    drafted best first). N 11 is the first tree whose path set is not closed under reversal: (0, 1, 0), the
+    rank-1 child's best child, and not (1, 0, 0)."""
+    tokens = env["tok"].encode("the cat", chat=False)
+    want = {(0,), (0, 0), (0, 0, 0), (1,), (0, 0, 0, 0), (0, 1), (1, 0), (2,), (0, 0, 0, 0, 0), (0, 0, 1), (0, 1, 0)}
+    for nodes in (9, 11):
+        draft = eagle(env, "static", nodes=nodes).propose(context_for(env, tokens), 6)
+        rank = {c: r for kids in children(draft.parents) for r, c in enumerate(kids)}
+        got = {tuple(rank[j] for j in path_to(draft.parents, i)) for i in range(len(draft))}
+        assert len(got) == len(draft) == nodes
+        assert got == (want if nodes == 11 else want - {(0, 0, 1), (0, 1, 0)})
+
+
 def test_a_fresh_drafter_has_its_own_head_cache(env):
     a = eagle(env, "chain", nodes=3)
     a.propose(context_for(env, encode(env, "the cat")), 3)
@@ -532,6 +563,20 @@ def test_auto_tree_is_a_chain_where_verifying_is_narrow(env, tmp_path, monkeypat
     for budget, nodes, want in ((3, None, "chain"), (64, None, "dynamic"), (3, 12, "dynamic")):
         llm = SimpleNamespace(name="tiny", folder=env["folder"], model=env["target"], budget=lambda b=budget: b)
         assert build(llm, tmp_path / "h", "auto", nodes).tree == want
+
+
+def test_build_sizes_the_tree_from_the_probes_budget(env, tmp_path, monkeypatch):
+    """N = the probe's budget less the root (the verify forward holds the root and N nodes), at least MIN_NODES;
+    a chain drafts DEPTH; --tree-nodes wins."""
+    from specdec.drafters.eagle import DEPTH, MIN_NODES
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    env["head"].save(tmp_path / "h")
+    for budget, tree, nodes, want in ((64, "auto", None, 63), (20, "dynamic", None, 19), (20, "static", None, 19),
+                                      (3, "dynamic", None, MIN_NODES), (MIN_NODES + 1, "dynamic", None, MIN_NODES),
+                                      (64, "chain", None, DEPTH), (64, "dynamic", 7, 7)):
+        llm = SimpleNamespace(name="tiny", folder=env["folder"], model=env["target"], budget=lambda b=budget: b)
+        assert build(llm, tmp_path / "h", tree, nodes).budget == want, (budget, tree, nodes)
 
 
 def test_export_never_overwrites_another_models_folder(tmp_path, capsys):

@@ -335,3 +335,94 @@ def test_every_epoch_runs_all_its_batches_however_the_shuffle_groups_them(env, t
     total = sum(counts)
     assert head.cfg.training["steps"] == total
     assert [h["step"] for h in head.cfg.training["history"]] == [round(total / 2), total]  # at 50% and 100%
+
+
+def test_draft_vocabulary_holds_only_tokens_the_target_predicts():
+    """A draft vocabulary larger than the tokens seen is capped at them: no never-predicted token takes a row."""
+    vocab, coverage = E.draft_vocabulary(np.array([5, 5, 9, 2, 5, 9]), 10)
+    assert vocab.tolist() == [2, 5, 9] and coverage == 1.0
+    vocab, coverage = E.draft_vocabulary(np.array([5, 5, 9, 2, 5, 9]), 2)  # the docstring's example
+    assert vocab.tolist() == [5, 9] and coverage == pytest.approx(5 / 6)
+
+
+def test_a_new_head_passes_the_last_aux_layers_features_through(env):
+    """new_head: `fc` starts as [0 | 0 | I], the last aux layer's features (aux_layers (1, 0, 0): the third block,
+    layer 0), and `lm_head` as the target's LM-head rows of the draft vocabulary."""
+    vocab = np.array([2, 5, 9, 40])
+    head = E.new_head(env["target"], "tiny", "fp", settings(), (1, 0, 0), vocab)
+    g = torch.Generator().manual_seed(0)
+    f = [torch.randn(4, 64, generator=g) for _ in range(3)]
+    with torch.no_grad():
+        torch.testing.assert_close(head.fuse(torch.cat(f, -1)), f[2])
+    assert torch.equal(head.lm_head.weight, env["target"].lm_head.weight.detach().float()[torch.from_numpy(vocab)])
+    assert head.to_target(torch.arange(4)).tolist() == vocab.tolist()
+
+
+def v1_cache(n=6):
+    """A one-document cache for EAGLE-1 (one aux layer of width 64): features[t] = (t, 0, ..., 0)."""
+    labels = np.array([3, 4, 5, 9, 7, 3], np.int32)[:n]  # 4 and 9: outside the draft vocabulary [0, 3, 5, 7]
+    feats = np.zeros((n, 64), np.float16)
+    feats[:, 0] = np.arange(n)
+    return hidden_cache.HiddenCache(None, {}, labels=labels, tokens=np.arange(10, 10 + n, dtype=np.int32),
+                                    doc=np.zeros(n, np.int32), features=feats)
+
+
+def test_eagle1_loss_regresses_every_rows_next_features(env, monkeypatch):
+    """Trainer.loss for version 1 by hand: SmoothL1(out_t, f_{t+1}) over every row with a next token (labels
+    outside the draft vocabulary too: the feature regression needs no token) + 0.1 x CE over the rows whose
+    label is in the draft vocabulary. Outputs 0 and f_{t+1} = (t+1, 0, ..): SmoothL1 = |t+1| - 0.5 in one of
+    64 columns, rows 0..4: (0.5 + 1.5 + 2.5 + 3.5 + 4.5) / (5 x 64); uniform logits: CE = log 4."""
+    cfg = EagleConfig.for_target(env["target"].cfg, "tiny", None, version=1, draft_vocab_size=4, aux_layers=(2,))
+    head = EagleHead(cfg)
+    head.set_vocab(torch.tensor([0, 3, 5, 7]))
+    cache = v1_cache()
+    tr = E.Trainer(head, None, cache, settings(version=1, ttt_steps=1))
+
+    def zeros(self, batch, steps, noise=False):
+        for _ in range(steps):
+            yield torch.zeros(*batch.labels.shape[1:], 4), torch.zeros(*batch.labels.shape[1:], 64)
+
+    monkeypatch.setattr(E.Trainer, "run", zeros)
+    batch = E.Batch(cache, [(0, 6)], 1, with_next=True)
+    assert tr.draft_targets(batch.labels[0]).tolist() == [[-1, 2, -1, 3, 1]]
+    loss, _ = tr.loss(batch)
+    assert math.isclose(float(loss), 12.5 / (5 * 64) + 0.1 * math.log(4), rel_tol=1e-6)
+
+
+def test_eagle1_noise_is_uniform_on_both_sides(env, monkeypatch):
+    """EAGLE-1's input noise is U(-0.1, 0.1) on the target features the head fuses (not U(0, 0.1)): centred."""
+    cfg = EagleConfig.for_target(env["target"].cfg, "tiny", None, version=1, aux_layers=(2,))
+    head = EagleHead(cfg)
+    cache = v1_cache()
+    tr = E.Trainer(head, env["target"].embed.weight.detach().float(), cache, settings(version=1, ttt_steps=1))
+    fused, real = [], head.fuse
+    monkeypatch.setattr(head, "fuse", lambda f: fused.append(f.clone()) or real(f))
+    batch = E.Batch(cache, [(0, 6)], 1)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        next(tr.run(batch, 1, noise=True))
+        next(tr.run(batch, 1, noise=False))
+    assert torch.equal(fused[1], batch.feats)
+    noise = (fused[0] - batch.feats).flatten()  # 5 rows x 64
+    assert float(noise.abs().max()) <= E.V1_NOISE and float(noise.min()) < -0.05 and float(noise.max()) > 0.05
+    assert abs(float(noise.mean())) < 0.02
+
+
+def test_a_cache_build_never_ends_on_a_document_too_short_to_train_on(env, tmp_path):
+    """The token budget cuts the last document short, but never to 1 or 2 tokens (no draft position with a
+    next token to learn): two documents of 10, budget 11 or 12 -> the first document alone; budget 13 -> 10 + 3."""
+    docs = [list(range(3, 13)), list(range(20, 30))]
+    for budget, want in ((11, [10]), (12, [10]), (13, [10, 3])):
+        c = hidden_cache.build(env["target"], iter(docs), tmp_path / str(budget), budget, {"b": budget},
+                               progress=False, layers=(2,))
+        assert len(c) == sum(want) and c.meta["documents"] == len(want), budget
+        assert np.bincount(c.doc).tolist() == want and c.tokens.tolist() == sum(docs, [])[:sum(want)]
+
+
+def test_corpus_documents_under_3_tokens_are_dropped(env):
+    """token_documents keeps documents of 3+ tokens (a draft position needs a next token and a label after it),
+    cut to max_len: with the one-token-per-character tiny tokenizer, "ab" is dropped, "abc" kept."""
+    from specdec.training import corpus
+
+    docs = list(corpus.token_documents(["ab", "abc", "x", "abcdefgh"], env["tok"], max_len=5))
+    assert [len(d) for d in docs] == [3, 5] and docs[0] == env["tok"].encode("abc", chat=False)

@@ -328,6 +328,21 @@ def test_typical_acceptance_only_when_asked(env):
         Request(acceptance="lossy")
 
 
+def test_typical_acceptance_reads_threshold_as_epsilon_and_alpha_as_delta(env):
+    """Request.posterior_threshold is verify's epsilon (the cap, at most 1) and posterior_alpha its delta (the
+    entropy factor, any positive value): threshold min(epsilon, delta * exp(-H)). Epsilon 1 with delta 50
+    (50 * exp(-H) >= 50 / 96 > 1 here) makes the threshold 1, which no probability beats: every draft is
+    rejected. Epsilon 1e-6 with delta 0.5: the oracle's true tokens (p well above 1e-6) are accepted."""
+    ids = env["tok"].encode("the cat", chat=False)
+    sp = SamplingParams(temperature=0.8, seed=3)
+    none = run(env, ids, Oracle(env, TREE), FixedK(K), max_new_tokens=12, sampling=sp, acceptance="typical",
+               posterior_threshold=1.0, posterior_alpha=50.0)
+    assert none.accepted == 0 and none.drafted > 0 and none.new_tokens == 12
+    most = run(env, ids, Oracle(env, TREE), FixedK(K), max_new_tokens=12, sampling=sp, acceptance="typical",
+               posterior_threshold=1e-6, posterior_alpha=0.5)
+    assert most.mean_accepted > 2
+
+
 # --- training and the heads file --------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -404,6 +419,45 @@ def test_after_hits_counts_a_head_only_where_the_heads_before_it_hit():
     assert val["positions"] == 5 and val["top1"] == [0.8, 0.75]  # head 1: position 10's label is past the end
     assert val["after_hits"][0][0] == 0.8
     assert val["after_hits"][1][0] == 2 / 3  # positions 6, 8, 9: head 0 missed at 7
+
+
+def test_evaluate_by_rank_top5_and_after_hits_within_the_top_8():
+    """evaluate by hand with heads that put each label at a chosen rank: top5 sums ranks 0-4, and head 1's
+    "after_hits" keeps every position where head 0's label was within its top RANKS = 8 candidates (a tree path
+    through head 0's rank-1..7 candidates is reached too), not only where it was head 0's top-1."""
+    import numpy as np
+
+    from specdec.training import medusa as T
+    from specdec.training.hidden_cache import HiddenCache
+
+    labels = np.r_[np.arange(3, 13), [3, 4, 5, 6, 7, 8, 9]].astype(np.int32)  # document 0: 3..12, each once
+    doc = np.r_[np.zeros(10), np.ones(7)].astype(np.int32)
+    cache = HiddenCache(None, {"tokens": 17}, labels=labels, tokens=labels, doc=doc,
+                        hidden=np.arange(17, dtype=np.float32)[:, None])
+    ex = T.Examples(cache, T.TrainSettings(heads=2, val_fraction=0.5))
+    assert ex.vocab.tolist() == list(range(3, 13)) and ex.val.tolist() == [10, 11, 12, 13, 14, 15]
+    rank = {10: (0, 0), 11: (1, 0), 12: (4, 3), 13: (5, 1), 14: (9, 0), 15: (2, None)}  # 9: not in the top 8
+    table = torch.zeros(17, 2, 10)
+    for t, rs in rank.items():
+        for i, r in enumerate(rs):
+            if r is not None:
+                label = int(ex.target[t, i])
+                order = [d for d in range(10) if d != label]
+                order.insert(r, label)
+                table[t, i, order] = torch.arange(10, 0, -1).float()
+
+    class Heads:
+        num_heads = 2
+
+        def __call__(self, h):
+            return table[h[:, 0].long()]
+
+    val = T.evaluate(Heads(), torch.eye(10), cache, ex)
+    assert val["positions"] == 6
+    assert val["by_rank"][0] == pytest.approx([1 / 6, 1 / 6, 1 / 6, 0, 1 / 6, 1 / 6, 0, 0])
+    assert val["top1"] == pytest.approx([1 / 6, 3 / 5]) and val["top5"] == pytest.approx([4 / 6, 1.0])
+    assert val["after_hits"][0] == val["by_rank"][0]
+    assert val["after_hits"][1] == pytest.approx([2 / 4, 1 / 4, 0, 1 / 4, 0, 0, 0, 0])  # positions 10-13
 
 
 def test_training_lowers_the_loss_and_resumes_exactly(env, hidden, tmp_path, monkeypatch):
