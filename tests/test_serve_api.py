@@ -343,6 +343,29 @@ def test_ctrl_c_exits_cleanly(tiny, command, args, stream, marker, page):
         proc.kill()
 
 
+@pytest.mark.parametrize("command", ["serve", "race"])
+def test_a_busy_port_is_one_line_before_the_model_loads(tiny, command, capsys, monkeypatch):
+    """A port in use: status 2 and one line naming --host and --port, before the model loads (serve loaded the model,
+    then uvicorn exited 3)."""
+    import socket
+
+    from specdec import api
+    from specdec.cli import main
+    from specdec.race import server as race_server
+
+    def no_load(*a, **kw):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr(api.LLM, "__init__", no_load)
+    monkeypatch.setattr(race_server, "create_app", no_load)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main([command, "--model", tiny[0], "--dtype", "fp32", "--port", str(port)]) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
 def test_loadtest_against_a_live_server(tiny, live, tmp_path):
     from specdec.cli import main
 

@@ -41,13 +41,14 @@ def register(sub) -> None:
 def run(args) -> int:
     import uvicorn
 
+    from specdec.commands import listen
     from specdec.race.server import create_app
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    sock = listen(args.host, args.port)  # a busy port or a bad host: one line, before the model loads
     app = create_app(args.model, dtype=None if args.dtype == "auto" else args.dtype, draft=args.draft,
                      datastore=args.datastore, exit_layer=args.exit_layer, sources=args.sources)
-    sock = listen(args.host, args.port)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
     server = uvicorn.Server(config)
     _announce(server, args.host)
@@ -56,20 +57,6 @@ def run(args) -> int:
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled once it has shut down: a normal stop (as serve)
         pass
     return 0
-
-
-def listen(host: str, port: int):
-    """A listening socket on (host, port), or one SpecdecError line (bad address, port in use) instead of
-    uvicorn's exit status 3."""
-    import socket
-
-    from specdec.errors import SpecdecError
-
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        return socket.create_server((host, port), family=family, backlog=2048)
-    except OSError as e:
-        raise SpecdecError(f"cannot listen on {host}:{port} ({e.strerror or e}): check --host and --port") from None
 
 
 def _announce(server, host: str) -> None:

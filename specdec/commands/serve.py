@@ -77,6 +77,7 @@ def run(args) -> int:
     import uvicorn
 
     from specdec.api import LLM
+    from specdec.commands import listen
     from specdec.errors import SpecdecError
     from specdec.runtime.threads import release_threads
     from specdec.serving.app import Server, create_app
@@ -90,6 +91,7 @@ def run(args) -> int:
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in [0, 65535], got {args.port}")
     budget = budget_arg(args.budget)
+    sock = listen(args.host, args.port)  # a busy port or a bad host: one line, before the model loads
     llm = LLM(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype, heads=args.heads)
     from specdec.drafters.recycling import Recycling
 
@@ -114,7 +116,7 @@ def run(args) -> int:
                             timeout_graceful_shutdown=args.grace + 5)
     release_threads()  # the model ran in this thread (loading, the cost curve): its OpenMP pool would slow the engine's
     try:
-        Server(config, engine, args.grace).run()
+        Server(config, engine, args.grace).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled, once it has shut down (as uvicorn.run)
         pass
     return 0
