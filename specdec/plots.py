@@ -48,8 +48,8 @@ def plot_surface(path, tau: float = 0.1, k_max: int = 12) -> str:
     from matplotlib.colors import TwoSlopeNorm
 
     theory.speedup(0.5, 1, tau)  # validates tau
-    if not 1 <= k_max <= 64:
-        raise ValueError(f"k_max must be in [1, 64], got {k_max}")
+    if not 2 <= k_max <= 64:  # the break-even contour needs two rows of k >= 1
+        raise ValueError(f"--k-max must be in [2, 64], got {k_max}")
     alphas = np.linspace(0.0, 1.0, 201)
     ks = np.arange(k_max + 1)
     z = np.array([[theory.speedup(a, int(k), tau) for a in alphas] for k in ks])

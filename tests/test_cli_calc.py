@@ -111,6 +111,9 @@ def test_plot_bad_input(capsys, tmp_path):
     assert code == 2 and "--out" in err
     code, _, err = run(capsys, "plot", "budget", "--out", str(tmp_path / "b.txt"))
     assert code == 2 and "--out" in err
+    for k_max, code_wanted in (("1", 2), ("65", 2), ("2", 0)):  # 1 crashed in matplotlib's contour
+        code, _, err = run(capsys, "plot", "surface", "--k-max", k_max, "--out", str(tmp_path / f"s{k_max}.png"))
+        assert code == code_wanted and ("--k-max must be in [2, 64]" in err) == (code_wanted == 2), err
 
 
 def test_plot_rounds_refuses_a_huge_k_at_once(capsys, tmp_path):

@@ -26,7 +26,7 @@ def register(subparsers) -> None:
     p.add_argument("--alpha", type=float, default=0.7, help="acceptance rate for 'rounds' (default 0.7)")
     p.add_argument("-k", type=int, default=4, help="draft length for 'rounds' (0..64) and 'budget' (default 4)")
     p.add_argument("--tau", type=float, default=0.1, help="draft cost ratio for 'surface' (default 0.1)")
-    p.add_argument("--k-max", type=int, default=12, help="largest k on the 'surface' plot (default 12)")
+    p.add_argument("--k-max", type=int, default=12, help="largest k on the 'surface' plot, 2..64 (default 12)")
     p.add_argument("--budget", type=float, default=156,
                    help="token positions one step verifies for free, for 'budget' (default 156)")
     p.set_defaults(func=run)
