@@ -712,6 +712,13 @@ def test_resume_without_a_checkpoint_is_refused_before_the_corpus_pass(tmp_path,
         assert main(["train", kind, "--model", "no-such-model", "--out", str(tmp_path / kind), "--resume"]) == 2
         err = capsys.readouterr().err
         assert "--resume: no checkpoint in" in err and "unknown model" not in err
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for kind in ("medusa", "eagle"):  # a file for --out (or inside it): refused as early (was a FileExistsError after it)
+        for out in (afile, afile / "heads"):
+            assert main(["train", kind, "--model", "no-such-model", "--out", str(out)]) == 2
+            err = capsys.readouterr().err
+            assert f"{afile} is a file, not a folder" in err and "unknown model" not in err
 
 
 def test_step_boundary_saves_only_a_whole_step():

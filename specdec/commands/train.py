@@ -164,10 +164,14 @@ def check_run_args(args, names) -> None:
         raise SpecdecError(f"--lr must be a positive number, got {args.lr}")
 
 
-def check_resume(args, out) -> None:
-    """--resume without a checkpoint in the output folder: said before the target runs over the corpus."""
+def check_out(args, out) -> None:
+    """An --out that cannot be a folder, or --resume without a checkpoint in it: said before the target runs over
+    the corpus (the trainer makes the folder only after that pass)."""
     from specdec.errors import SpecdecError
 
+    for folder in (out, *out.parents):
+        if folder.exists() and not folder.is_dir():
+            raise SpecdecError(f"--out {out}: {folder} is a file, not a folder: choose another --out")
     if args.resume and not (out / CHECKPOINT).exists():
         raise SpecdecError(f"--resume: no checkpoint in {out} (give the --out of the interrupted run, or drop --resume)")
 
@@ -194,7 +198,7 @@ def run_medusa(args) -> int:
 
     check_run_args(args, ("tokens", "max_len", "epochs", "heads", "draft_vocab", "batch", "checkpoint_every"))
     out = Path(args.out).expanduser() if args.out else heads.store_dir(args.model, "medusa")
-    check_resume(args, out)
+    check_out(args, out)
     try:
         model, fp, data, where, cache = target_and_cache(args)
         s = TrainSettings(heads=args.heads, epochs=args.epochs, batch=args.batch, lr=args.lr,
@@ -234,7 +238,7 @@ def run_eagle(args) -> int:
                           "checkpoint_every"))
     out = Path(args.out).expanduser() if args.out else heads.store_dir(args.model, "eagle" if args.version == 3
                                                                         else "eagle1")
-    check_resume(args, out)
+    check_out(args, out)
     try:
         model, fp, data, where, cache = target_and_cache(args, lambda n: default_aux_layers(args.version, n))
         s = TrainSettings(version=args.version, epochs=args.epochs, ttt_steps=args.ttt_steps,
