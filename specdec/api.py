@@ -24,9 +24,10 @@ from specdec.adaptive import AdaptiveK, CostCurve, FixedK
 from specdec.decode import Chunk, Result, decode
 from specdec.drafters import METHODS  # noqa: F401 - specdec.api.METHODS, read by the bench
 from specdec.drafters.base import Drafter
+from specdec.errors import SpecdecError
 from specdec.options import (NEEDS_DRAFT, GenerationOptions, LookaheadConfig, OptionError, check_exit_layer,
                              check_k, check_method, check_prompt, check_setup)
-from specdec.runtime.loader import KV_DTYPES, load_transformer, resolve_device, resolve_dtype
+from specdec.runtime.loader import CHOICES, KV_DTYPES, load_transformer, resolve_device, resolve_dtype
 from specdec.tokenizer import Tokenizer
 
 
@@ -52,8 +53,13 @@ class LLM:
                     tree_nodes=tree_nodes)
         if kv_dtype not in KV_DTYPES:
             raise OptionError(f"unknown KV-cache dtype {kv_dtype!r}: choose one of {', '.join(KV_DTYPES)}")
+        if dtype not in (None, *CHOICES):
+            raise OptionError(f"unknown dtype {dtype!r}: choose one of {', '.join(CHOICES)}")
         self.kv_dtype = kv_dtype
-        self.device = resolve_device(device)
+        try:
+            self.device = resolve_device(device)
+        except SpecdecError as e:  # an unknown device, or a GPU torch does not see: a bad option like the others
+            raise OptionError(str(e)) from None
         self.name = model
         self.folder: Path = resolve(model, pull=pull)
         self.dtype: torch.dtype | str = resolve_dtype(dtype, self.folder, self.device)

@@ -111,6 +111,9 @@ def test_kv_dtype_by_name_or_a_clear_error(folder):
         load_transformer(folder, "fp32", kv_dtype="int8")
     with pytest.raises(OptionError, match="unknown KV-cache dtype 'fp8'.*auto, fp16, bf16, fp32"):
         LLM(str(folder), dtype="fp32", kv_dtype="fp8", pull=False)
+    for bad, match in ((dict(dtype="q3"), "unknown dtype 'q3'"), (dict(device="tpu"), "unknown device 'tpu'")):
+        with pytest.raises(OptionError, match=match):  # a ValueError too, and said before the model is looked up
+            LLM("no-such-model", pull=False, **bad)
     model = load_transformer(folder, "fp32", kv_dtype="bf16")  # bf16 too, on the torch route
     cache = model.new_cache(8)
     assert cache.k[0].dtype == torch.bfloat16
