@@ -461,6 +461,7 @@ def test_dashboard_page_in_a_browser(tiny, client, live, tmp_path):
         try:
             page = ctx.new_page()
             page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("console", lambda m: m.type == "error" and errors.append(m.text))  # e.g. a missing favicon's 404
             page.goto(live.url + "/dashboard")
             page.wait_for_function("document.getElementById('status').textContent.startsWith('updated')",
                                    timeout=20_000)
