@@ -137,8 +137,9 @@ def measure_exit_layers(llm, prompts: Sequence[str | Sequence[int]] = DEFAULT_PR
     model, tok = llm.model, llm.tokenizer
     n_layers = model.cfg.num_layers
     layers = sorted(set(layers or default_layers(n_layers)))
-    if not layers or any(not 1 <= L <= n_layers for L in layers):
-        raise ValueError(f"exit layers must be in 1..{n_layers}, got {list(layers)}")
+    if not layers or any(not 1 <= L <= n_layers for L in layers) or layers[0] == n_layers:
+        raise ValueError(f"exit layers must be in 1..{n_layers}, at least one below {n_layers} (exiting after the "
+                         f"last layer drafts with the target itself: a reference row, never the best), got {list(layers)}")
     if k < 1 or max_new_tokens < 2:
         raise ValueError("k must be >= 1 and max_new_tokens >= 2")
     if not prompts:
@@ -193,7 +194,8 @@ def measure_exit_layers(llm, prompts: Sequence[str | Sequence[int]] = DEFAULT_PR
             tau=tau[L], tau_loop=(draft_s / drafted) / plain_step if drafted else 0.0,
             predicted=theory.speedup(alpha, k, tau[L]), predicted_measured=e / (verify_cost + k * tau[L]),
             best_k=theory.best_k(alpha, tau[L]), tokens_per_s=tps, speedup=tps / plain_tps, reused=reused[L]))
-    report.best = max(report.rows, key=lambda r: (r.predicted_measured, -r.exit_layer)).exit_layer
+    report.best = max((r for r in report.rows if r.exit_layer < n_layers),
+                      key=lambda r: (r.predicted_measured, -r.exit_layer)).exit_layer
     return report
 
 
