@@ -88,6 +88,8 @@ def run(args) -> int:
     check_stall(args.prefill_stall)  # before the model loads
     if not 0 <= args.grace < float("inf"):
         raise SpecdecError(f"--grace must be a number of seconds >= 0, got {args.grace}")
+    if args.api_key is not None and not args.api_key.strip():  # "" would turn the key off without a word
+        raise SpecdecError("--api-key is empty (or SPECDEC_API_KEY is): give a key, or leave both unset to serve without one")
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in [0, 65535], got {args.port}")
     budget = budget_arg(args.budget)
