@@ -27,7 +27,7 @@ from specdec.drafters.base import Drafter
 from specdec.errors import SpecdecError
 from specdec.options import (NEEDS_DRAFT, GenerationOptions, LookaheadConfig, OptionError, check_exit_layer,
                              check_k, check_method, check_prompt, check_setup)
-from specdec.runtime.loader import CHOICES, KV_DTYPES, load_transformer, resolve_device, resolve_dtype
+from specdec.runtime.loader import KV_DTYPES, check_dtype, load_transformer, resolve_device, resolve_dtype
 from specdec.tokenizer import Tokenizer
 
 
@@ -53,12 +53,11 @@ class LLM:
                     tree_nodes=tree_nodes)
         if kv_dtype not in KV_DTYPES:
             raise OptionError(f"unknown KV-cache dtype {kv_dtype!r}: choose one of {', '.join(KV_DTYPES)}")
-        if dtype not in (None, *CHOICES):
-            raise OptionError(f"unknown dtype {dtype!r}: choose one of {', '.join(CHOICES)}")
         self.kv_dtype = kv_dtype
-        try:
+        try:  # an unknown dtype or device, or a GPU torch does not see: bad options like the others
+            check_dtype(dtype)
             self.device = resolve_device(device)
-        except SpecdecError as e:  # an unknown device, or a GPU torch does not see: a bad option like the others
+        except SpecdecError as e:
             raise OptionError(str(e)) from None
         self.name = model
         self.folder: Path = resolve(model, pull=pull)

@@ -167,11 +167,11 @@ def check_run_args(args, names) -> None:
 def check_out(args, out) -> None:
     """An --out that cannot be a folder, or --resume without a checkpoint in it: said before the target runs over
     the corpus (the trainer makes the folder only after that pass)."""
+    from specdec.bench.report import check_out as check_folder  # the check bench and loadtest make of their --out
     from specdec.errors import SpecdecError
+    from specdec.training.heads import CONFIG, WEIGHTS
 
-    for folder in (out, *out.parents):
-        if folder.exists() and not folder.is_dir():
-            raise SpecdecError(f"--out {out}: {folder} is a file, not a folder: choose another --out")
+    check_folder(out, (WEIGHTS, CONFIG, CHECKPOINT))
     if args.resume and not (out / CHECKPOINT).exists():
         raise SpecdecError(f"--resume: no checkpoint in {out} (give the --out of the interrupted run, or drop --resume)")
 

@@ -92,9 +92,14 @@ def resolve_dtype(name: str | None, folder: str | Path | None = None,
         return torch.bfloat16 if cpu_has_bf16_matmul() or kernels.available() else torch.float32
     if name in QUANTIZED:
         return name
-    if name not in DTYPES:
-        raise SpecdecError(f"unknown dtype {name!r}: choose one of {', '.join(CHOICES)}")
+    check_dtype(name)
     return DTYPES[name]
+
+
+def check_dtype(name: str | None) -> None:
+    """A `--dtype` this loader knows (None is "auto"), checked without the model: SpecdecError otherwise."""
+    if name is not None and name not in CHOICES:
+        raise SpecdecError(f"unknown dtype {name!r}: choose one of {', '.join(CHOICES)}")
 
 
 def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
