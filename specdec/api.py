@@ -31,8 +31,6 @@ from specdec.runtime.loader import KV_DTYPES, check_dtype, load_transformer, res
 from specdec.tokenizer import Tokenizer
 
 
-ON_HOST_ONLY = ("medusa", "eagle")  # drafters whose heads run on the host's CPU only
-
 
 class LLM:
     """A loaded model and its tokenizer; drafters are built on first use. `draft`: the draft model for
@@ -83,9 +81,6 @@ class LLM:
     def drafter(self, method: str) -> Drafter | None:
         if check_method(method) == "plain":
             return None
-        if method in ON_HOST_ONLY and self.device.type != "cpu":
-            raise OptionError(f"--method {method} runs on --device cpu only for now (its heads are host code); "
-                              f"on {self.device} use plain, draft, prompt-lookup, retrieval, early-exit, lookahead or hybrid")
         if method == "prompt-lookup":
             from specdec.drafters.prompt_lookup import PromptLookup
 

@@ -120,6 +120,7 @@ class ProbeResult:
     attention: str = ""          # attention's path and KV-cache dtype (`loader.attention_path`; "" in older probes)
     cpu: str = ""                # the CPU's model name
     cpu_flags: list[str] = field(default_factory=list)  # its flags that choose matmul paths
+    gpu: str = ""                # the GPU's name when the model ran on one (`--device cuda`)
     paths: dict[str, dict] = field(default_factory=dict)  # other paths (`probe_paths`): seconds, budget, prefill
 
     def to_dict(self) -> dict:
@@ -171,15 +172,16 @@ def weight_bytes_per_step(model: Transformer) -> int:
     return total
 
 
-def measure_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
-    """Read bandwidth in GB/s: the median time to sum a buffer much larger than the CPU caches."""
-    x = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
-    x.sum()
+def measure_bandwidth(megabytes: int = 512, repeats: int = 5, device: torch.device | str = "cpu") -> float:
+    """Read bandwidth in GB/s of `device`'s memory: the median time to sum a buffer much larger than its caches
+    (the CPU's, or a GPU's L2)."""
+    x = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
     times = []
-    for _ in range(repeats):
+    for i in range(repeats + 1):  # the first warms up
         t0 = time.perf_counter()
-        x.sum()
-        times.append(time.perf_counter() - t0)
+        float(x.sum())  # the host waits for the result, on a GPU too
+        if i:
+            times.append(time.perf_counter() - t0)
     return x.numel() * 4 / statistics.median(times) / 1e9
 
 
@@ -242,23 +244,28 @@ def measure(model: Transformer, name: str = "", context: int = 256, sizes=SIZES,
     relative = sweep_curve(times)
     budget = max(n for n in sizes if relative[n] <= 1 + tolerance)
     wbytes = weight_bytes_per_step(model)
-    bw = measure_bandwidth()
+    bw = measure_bandwidth(device=model.device)
     return ProbeResult(model=name, dtype=dtype_key(model), context=context, seconds=seconds,
                        relative=relative, budget=budget, weight_bytes=wbytes, bandwidth_gbs=bw,
                        bound_seconds=wbytes / (bw * 1e9), threads=torch.get_num_threads(),
                        load=load.share(), matmul=matmul_path(model), prefill_tokens_per_s=prefill,
                        prefill_path=prefill_path(model), attention=attention_path(model),
-                       cpu=cpu_model(), cpu_flags=cpu_flags())
+                       cpu=cpu_model(), cpu_flags=cpu_flags(), gpu=gpu_name(model.device))
+
+
+def gpu_name(device: torch.device) -> str:
+    """The GPU's name for a model on one ("NVIDIA H200"), else ""."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else ""
 
 
 def other_paths(model: Transformer) -> list[str]:
-    """The matmul paths other than the model's own that `probe_paths` measures: for a bf16 model, the kernel's
-    ISAs this CPU runs and torch; none for other dtypes."""
+    """The matmul paths other than the model's own that `probe_paths` measures: for a bf16 model on the CPU, the
+    kernel's ISAs this CPU runs and torch; none for other dtypes or a model on a GPU."""
     from specdec.runtime import kernels
     from specdec.runtime.loader import matmul_path
 
     mine = matmul_path(model)
-    if model.dtype != torch.bfloat16:
+    if model.dtype != torch.bfloat16 or model.device.type != "cpu":
         return []
     return [p for p in kernels.PATHS if p != mine and (p == "torch" or not kernels.unavailable(p))]
 

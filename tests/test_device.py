@@ -66,14 +66,96 @@ def test_forward_takes_and_returns_host_tensors(folder):
     assert cache.k[0].device == model.device
 
 
+def test_probe_takes_the_device_flag(folder, capsys):
+    assert main(["probe", "--model", str(folder), "--device", "tpu"]) == 2
+    assert "unknown device 'tpu'" in capsys.readouterr().err
+
+
+def save_heads(folder, out):
+    """Random Medusa heads and a random EAGLE-3 head for the tiny target in `folder`, saved where `--heads` reads
+    them: {"medusa": dir, "eagle": dir}."""
+    from specdec.drafters.eagle_head import EagleConfig, EagleHead
+    from specdec.training import heads
+
+    target = load_transformer(folder)
+    d, v, k = target.cfg.hidden_size, target.cfg.vocab_size, 3
+    g = torch.Generator().manual_seed(0)
+    tensors = {"weight": torch.randn(k, d, d, generator=g) * 0.05, "bias": torch.randn(k, d, generator=g) * 0.3,
+               "vocab": torch.arange(v)}
+    heads.save(out / "medusa", tensors, {"kind": "medusa", "target": {"name": str(folder), "fingerprint":
+               heads.fingerprint(folder)}, "heads": k, "hidden_size": d,
+               "val_accuracy": {"after_hits": [[0.5, 0.2, 0.1]] * k}})
+    torch.manual_seed(0)
+    head = EagleHead(EagleConfig.for_target(target.cfg, str(folder), heads.fingerprint(folder), draft_vocab_size=64))
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            p.copy_(torch.empty_like(p).uniform_(0.8, 1.2) if "norm" in name else torch.randn_like(p) * 0.2)
+    head.set_vocab(torch.randperm(v)[:64])
+    head.save(out / "eagle")
+    return {"medusa": out / "medusa", "eagle": out / "eagle"}
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU on this machine")
-def test_greedy_on_the_gpu_matches_the_cpu_in_fp32(folder):
+def test_every_method_on_the_gpu_matches_the_cpu_in_fp32(folder, tmp_path):
+    """Every drafter with the target on the GPU (Medusa's and EAGLE's heads on the host, fed host copies of the
+    LM-head rows and the embedding): greedy tokens equal plain decoding's on the CPU (fp32, a tiny model's clear
+    argmaxes)."""
     from specdec.api import LLM
 
+    draft = save_tiny("qwen2", tmp_path / "draft", seed=1)
+    heads = save_heads(folder, tmp_path)
     cpu = LLM(str(folder), dtype="fp32", device="cpu")
-    gpu = LLM(str(folder), dtype="fp32", device="cuda")
     ids = [1, 2, 3, 4, 5, 1, 2, 3]
     plain = cpu.generate(ids, max_new_tokens=12).token_ids
-    assert gpu.generate(ids, max_new_tokens=12).token_ids == plain  # fp32, a tiny model's clear argmaxes
-    for method in ("prompt-lookup", "lookahead", "early-exit"):
+    gpu = LLM(str(folder), dtype="fp32", device="cuda", draft=str(draft), sources="prompt-lookup,draft")
+    assert gpu.generate(ids, max_new_tokens=12).token_ids == plain
+    for method in ("prompt-lookup", "lookahead", "early-exit", "recycling", "draft", "hybrid"):
+        assert gpu.generate(ids, method=method, max_new_tokens=12).token_ids == plain, method
+    for method, where in heads.items():
+        for tree in ("chain", "auto"):
+            llm = LLM(str(folder), dtype="fp32", device="cuda", heads=str(where), tree=tree)
+            assert llm.generate(ids, method=method, max_new_tokens=12).token_ids == plain, (method, tree)
+    bf16 = LLM(str(folder), dtype="bf16", device="cuda", heads=str(heads["eagle"]))
+    assert len(bf16.generate(ids, method="eagle", max_new_tokens=12).token_ids) == 12  # runs; bits may differ
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU on this machine")
+def test_probe_and_bench_on_the_gpu(folder, tmp_path, capsys):
+    import json
+
+    assert main(["probe", "--model", str(folder), "--dtype", "fp32", "--device", "cuda", "--repeats", "1",
+                 "--json"]) == 0
+    probe = json.loads(capsys.readouterr().out)
+    assert probe["dtype"] == "float32@cuda" and probe["matmul"] == "torch/cuda" and probe["gpu"]
+    assert probe["paths"] == {} and probe["bandwidth_gbs"] > 0
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "chat", "turns": ["Say hi."]}) + "\n")
+    assert main(["bench", "--model", str(folder), "--dtype", "fp32", "--device", "cuda", "--methods",
+                 "prompt-lookup", "--prompts", str(prompts), "--max-new-tokens", "8", "--compare-hf", "--no-progress",
+                 "--out", str(tmp_path / "b")]) == 0
+    result = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert result["meta"]["machine"]["gpu"] and result["meta"]["mismatches"] == []
+    assert {r["method"] for r in result["records"]} >= {"plain", "prompt-lookup", "hf-plain", "hf-prompt-lookup"}
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU on this machine")
+def test_heads_trained_on_the_gpu_draft_on_it(folder, tmp_path):
+    """`specdec train medusa|eagle --device cuda` (the target's pass over the corpus on the GPU, EAGLE's
+    self-distilled answers and training too), then those heads drafting for the target on the GPU: plain's tokens."""
+    import json
+
+    from specdec.api import LLM
+
+    data = tmp_path / "c.jsonl"
+    data.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"count {i} {i + 1}"}]})
+                              for i in range(40)))
+    common = ["--model", str(folder), "--device", "cuda", "--data", str(data), "--tokens", "2000", "--epochs", "2",
+              "--max-len", "60", "--quiet"]
+    assert main(["train", "medusa", *common, "--heads", "2", "--out", str(tmp_path / "m")]) == 0
+    assert main(["train", "eagle", *common, "--regenerate", "--draft-vocab", "30", "--batch-tokens", "256",
+                 "--out", str(tmp_path / "e")]) == 0
+    ids = [1, 2, 3, 4, 5, 1, 2, 3]
+    plain = LLM(str(folder), dtype="fp32").generate(ids, max_new_tokens=12).token_ids
+    for method, where in (("medusa", "m"), ("eagle", "e")):
+        gpu = LLM(str(folder), dtype="fp32", device="cuda", heads=str(tmp_path / where))
         assert gpu.generate(ids, method=method, max_new_tokens=12).token_ids == plain, method

@@ -202,7 +202,7 @@ def results_markdown(rows: Sequence[dict], meta: dict) -> str:
         "",
         f"- date: {meta['date']}",
         f"- machine: {m['cpu']} ({' '.join(m.get('cpu_flags') or ['no AVX2'])}), {m['cpu_count']} CPUs, "
-        f"torch threads {m['torch_threads']}; "
+        f"torch threads {m['torch_threads']}" + (f", GPU {m['gpu']}" if m.get("gpu") else "") + "; "
         f"torch {m['torch']}, transformers {m['transformers']}, Python {m['python']}"
         + (f"; load average at the end {m['load_avg'][0]:.1f} / {m['load_avg'][1]:.1f} / {m['load_avg'][2]:.1f} "
            "(1 / 5 / 15 min)" if m.get("load_avg") else "")

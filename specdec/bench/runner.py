@@ -162,7 +162,7 @@ class HFMethod:
 
     def generate(self, ids: Sequence[int], max_new_tokens: int | None = None) -> dict:
         s = self.settings
-        x = torch.tensor([list(ids)])
+        x = torch.tensor([list(ids)], device=self.model.device)
         kw = dict(attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens or s.max_new_tokens,
                   eos_token_id=self.eos, pad_token_id=self.eos[0] if self.eos else 0, **self.extra)
         if s.greedy:
@@ -174,6 +174,8 @@ class HFMethod:
         t0 = time.perf_counter()
         with torch.inference_mode():
             out = self.model.generate(x, **kw)
+            if out.device.type == "cuda":
+                torch.cuda.synchronize(out.device)
         seconds = time.perf_counter() - t0
         new = out[0, len(ids):].tolist()
         for i, t in enumerate(new):  # keep the first EOS (ours counts it too), drop the padding after it
@@ -190,24 +192,25 @@ def our_methods(llm, methods: Sequence[str], settings: BenchSettings) -> list[Ou
     return [OurMethod(llm, m, settings) for m in methods]
 
 
-def load_hf_model(folder, dtype: torch.dtype | str):
-    """The transformers model in `dtype` (bf16 for our quantized q8/q4, which transformers cannot run)."""
+def load_hf_model(folder, dtype: torch.dtype | str, device: torch.device | str = "cpu"):
+    """The transformers model in `dtype` (bf16 for our quantized q8/q4, which transformers cannot run), on
+    `device` (ours: `--device`)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
     logging.set_verbosity_error()
     return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype if isinstance(dtype, torch.dtype)
-                                                else torch.bfloat16).eval()
+                                                else torch.bfloat16).to(device).eval()
 
 
 def hf_methods(llm, settings: BenchSettings, draft: str | None = None) -> list[HFMethod]:
-    """hf-plain, hf-assisted (only with a draft model) and hf-prompt-lookup, on llm's weights and dtype."""
+    """hf-plain, hf-assisted (only with a draft model) and hf-prompt-lookup, on llm's weights, dtype and device."""
     from specdec.store import resolve
 
-    model = load_hf_model(llm.folder, llm.dtype)
+    model = load_hf_model(llm.folder, llm.dtype, llm.device)
     out = [HFMethod("hf-plain", model, llm.tokenizer, settings)]
     if draft:
-        assistant = load_hf_model(resolve(draft, pull=True), llm.dtype)
+        assistant = load_hf_model(resolve(draft, pull=True), llm.dtype, llm.device)
         out.append(HFMethod("hf-assisted", model, llm.tokenizer, settings, assistant_model=assistant))
     out.append(HFMethod("hf-prompt-lookup", model, llm.tokenizer, settings,
                         prompt_lookup_num_tokens=HF_PROMPT_LOOKUP_TOKENS))

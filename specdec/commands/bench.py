@@ -73,8 +73,8 @@ def register(sub) -> None:
     p.add_argument("--kv-dtype", default="auto", choices=KV_DTYPES, help=KV_DTYPE_HELP)
     p.add_argument("--k", type=parse_k, default="auto", metavar="auto|N",
                    help="draft length: auto (adaptive, the default) or a fixed N")
-    p.add_argument("--device", default="cpu", metavar="cpu|cuda[:N]", help=DEVICE_HELP + " (--compare-hf and "
-                   "--compare-llamacpp run on cpu only)")
+    p.add_argument("--device", default="cpu", metavar="cpu|cuda[:N]", help=DEVICE_HELP + " (--compare-hf runs "
+                   "transformers on the same device; --compare-llamacpp runs on cpu only)")
     add_lookahead_args(p)
     add_medusa_args(p, acceptance=False)  # benchmarks verify exactly
     p.add_argument("--plain-dtypes", default=None, metavar="D,D",
@@ -149,8 +149,8 @@ def run(args) -> int:
                       top_k=args.top_k, min_p=args.min_p, seed=args.seed, k=args.k)  # the same checks as generate, before anything loads
     if args.compare_llamacpp and args.temperature > 0:
         raise ValueError("--compare-llamacpp runs greedy only: drop --temperature")
-    if args.device != "cpu" and (args.compare_hf or args.compare_llamacpp):
-        raise ValueError("--compare-hf and --compare-llamacpp run on the CPU: drop them or use --device cpu")
+    if args.device != "cpu" and args.compare_llamacpp:
+        raise ValueError("--compare-llamacpp runs on the CPU: drop it or use --device cpu")
     methods = runner.parse_methods(args.methods)
     plain_dtypes = [d.strip() for d in (args.plain_dtypes or "").split(",") if d.strip()]
     bad = [d for d in plain_dtypes if d not in DTYPES]
@@ -199,14 +199,15 @@ def run(args) -> int:
 
         tqdm.write(line, file=sys.stderr)
 
-    from specdec.probe import measure_bandwidth
+    from specdec.probe import gpu_name, measure_bandwidth
 
     before = measure_bandwidth()  # shared hosts' bandwidth drifts: the report says what it was
     records = runner.run_bench(llm, prompts, runners, settings, progress=args.progress, report=say)
     rows = report.summarize(records, [r.name for r in runners])
     from specdec.runtime.loader import attention_path, matmul_path
 
-    machine = dict(report.machine_info(), memory_gbs=[round(before, 1), round(measure_bandwidth(), 1)])
+    machine = dict(report.machine_info(), memory_gbs=[round(before, 1), round(measure_bandwidth(), 1)],
+                   gpu=gpu_name(llm.model.device) or None)
     meta = dict(command=command_line(args), date=report.now(), machine=machine, model=args.model,
                 draft=args.draft, dtype=dtype, matmul=matmul_path(llm.model), attention=attention_path(llm.model), prompts=str(P.resolve_prompts(args.prompts)),
                 n_prompts=len(prompts), n_turns=sum(len(p.turns) for p in prompts),

@@ -22,7 +22,7 @@ KV_DTYPE_HELP = ("the KV cache's element type: auto (default) = on the CPU's exa
                  "sums, as torch's bf16 attention; many positions a forward for little more than one); elsewhere the "
                  "activations' dtype. bf16 on other CPUs is read as fp16 is; fp32 keeps full precision")
 DEVICE_HELP = ("cpu (default) or cuda[:N]: the weights and KV cache on a GPU through torch's kernels (bf16 or "
-               "fp32; auto = bf16), the loop, drafts and sampling on the host; medusa and eagle run on cpu only")
+               "fp32; auto = bf16), the loop, drafts (Medusa's and EAGLE's heads too) and sampling on the host")
 
 
 def add_model_args(p: argparse.ArgumentParser, device: bool = True) -> None:

@@ -15,10 +15,11 @@ def register(sub) -> None:
                                    "within 10% of n = 1), the step time against the memory-bandwidth bound and "
                                    "prefill tokens/s, for the matmul path the runtime uses and (bf16) every other "
                                    "one the CPU has (SPECDEC_MATMUL=amx|avx512bf16|avx2|torch forces the runtime's). "
-                                   "The result is cached per model and dtype for adaptive k and the scheduler, and "
+                                   "With --device cuda, the GPU's curve on torch's kernels and its memory's bandwidth. "
+                                   "The result is cached per model, dtype and device for adaptive k and the scheduler, and "
                                    "measured again when the kernel or CPU changes, when it was taken under load, "
                                    "or when its curve is implausible.")
-    add_model_args(p, device=False)  # the probe measures this CPU
+    add_model_args(p)
     p.add_argument("--repeats", type=int, default=5, help="timed runs per size (median; default 5)")
     p.add_argument("--paths", choices=["all", "used"], default="all",
                    help="bf16: also measure every other matmul path this CPU has (all, the default: the kernel's "
@@ -31,13 +32,14 @@ def run(args) -> int:
     from tqdm import tqdm
 
     from specdec.probe import SIZES, other_paths, probe, probe_paths, save
-    from specdec.runtime.loader import load_transformer, resolve_dtype
+    from specdec.runtime.loader import load_transformer, resolve_device, resolve_dtype
     from specdec.store import resolve
 
     if args.repeats < 1:
         raise ValueError("--repeats must be at least 1")
+    device = resolve_device(args.device)
     folder = resolve(args.model, pull=True)
-    model = load_transformer(folder, resolve_dtype(args.dtype, folder), kv_dtype=args.kv_dtype)
+    model = load_transformer(folder, resolve_dtype(args.dtype, folder, device), device, kv_dtype=args.kv_dtype)
     others = other_paths(model) if args.paths == "all" else []
     forwards = len(SIZES) * (args.repeats + 1) * (1 + len(others))
     with tqdm(total=forwards, desc="probe", unit="forward", file=sys.stderr, disable=args.json) as bar:
@@ -54,7 +56,8 @@ def run(args) -> int:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
     print(f"model {args.model}, {result.dtype}, {result.threads} threads, context {result.context}")
-    print(f"cpu {result.cpu} ({' '.join(result.cpu_flags) or 'no AVX2'}); matmul path {result.matmul} (the runtime's)"
+    print(f"cpu {result.cpu} ({' '.join(result.cpu_flags) or 'no AVX2'})" + (f", gpu {result.gpu}" if result.gpu else "")
+          + f"; matmul path {result.matmul} (the runtime's)"
           + (f"; attention {result.attention}" if result.attention else ""))
     curves = {result.matmul: dict(seconds=result.seconds, relative=result.relative, budget=result.budget,
                                   prefill_tokens_per_s=result.prefill_tokens_per_s), **result.paths}

@@ -268,7 +268,9 @@ def build(llm, heads_dir: str | None = None, tree: str = "auto", tree_nodes: int
         tree = "dynamic" if tree_nodes else auto_tree(llm.budget())  # a node count asks for a tree
     nodes = tree_nodes or (DEPTH if tree == "chain" else max(llm.budget() - 1, MIN_NODES))
     alpha = (head.cfg.training.get("val") or {}).get("alpha") or [0.6]  # validation alpha per depth (training)
-    path = None
+    embed, path = llm.model.embed, None
     if llm.model.device.type == "cpu":  # q8 on the quantized matmul (half the bf16 bytes), else bf16's kernel
         path = "q8" if quant.isa() != "torch" else kernels.matmul_path()
-    return Eagle(head, llm.model.embed, tree=tree, nodes=nodes, prior_alpha=float(min(alpha[0], 0.95)), path=path)
+    else:  # a target on a GPU: the head is host code, so it embeds its drafts with a host copy of the table
+        embed = copy.deepcopy(embed).cpu()
+    return Eagle(head, embed, tree=tree, nodes=nodes, prior_alpha=float(min(alpha[0], 0.95)), path=path)

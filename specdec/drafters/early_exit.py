@@ -49,26 +49,30 @@ def forward_from_layer(model: Transformer, cache: KVCache, hidden: torch.Tensor,
     after them, run from the embedding. Writes the KV of every layer it runs, advances
     cache.length by m + r, and returns the logits of all m + r positions, like
     `model(tokens, cache)` would over the same m + r tokens (a causal chain, no tree mask)."""
-    B, m, _ = hidden.shape
+    m = hidden.shape[1]
     r = rest.shape[1]
     n = m + r
     start = cache.length
     if start + n > cache.max_len:
         raise ValueError(f"context overflow: {start + n} positions exceed the cache's {cache.max_len}")
-    cos, sin = model._rope(torch.arange(start, start + n).expand(B, n))
+    device = model.device  # a target on a GPU: host inputs move there, the logits come back (no-ops on the CPU)
+    hidden, rest = hidden.to(device), rest.to(device)
+    cos, sin = model._rope(range(start, start + n))
     if r:  # the positions the draft never fed: layers < start_layer first
         y = model.embed(rest)
         c, s, (mask, plan) = cos[:, :, m:], sin[:, :, m:], model.attention_plan(r, start + m)
+        mask = None if mask is None else mask.to(device)
         for i in range(start_layer):
             y = model.layers[i](y, c, s, cache, i, start + m, mask, plan)
         x = torch.cat([hidden.to(y.dtype), y], dim=1)
     else:
         x = hidden
     mask, plan = model.attention_plan(n, start)  # as Transformer.forward attends (exact models: `attend_rows`)
+    mask = None if mask is None else mask.to(device)
     for i in range(start_layer, model.cfg.num_layers):
         x = model.layers[i](x, cos, sin, cache, i, start, mask, plan)
     cache.length = start + n
-    return ForwardOutput(model.lm_head(model.norm(x)).float())
+    return ForwardOutput(model.lm_head(model.norm(x)).float().cpu())
 
 
 class EarlyExit(Drafter):

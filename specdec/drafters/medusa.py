@@ -190,15 +190,16 @@ class Medusa(Drafter):
 
 
 def lm_head_rows(model, vocab: torch.Tensor) -> torch.Tensor:
-    """The target's LM-head rows for the draft vocabulary [Vd, D]: as they are, or, for a quantized head
-    (q8/q4 `QLinear`), dequantized once to bf16 when the bf16 kernel runs them (else fp32)."""
+    """The target's LM-head rows for the draft vocabulary [Vd, D], on the host (the heads are host code, also
+    for a target on a GPU): as they are, or, for a quantized head (q8/q4 `QLinear`), dequantized once to bf16
+    when the bf16 kernel runs them (else fp32)."""
     from specdec.runtime import kernels
     from specdec.runtime.kernels import quant
     from specdec.runtime.model import QLinear
 
     head = model.lm_head
     if not isinstance(head, QLinear):
-        return head.matrix()[vocab]
+        return head.matrix()[vocab.to(head.weight.device)].cpu()
     rows = torch.cat([quant.dequantize(p) for p in head.parts])[vocab]
     return rows.to(torch.bfloat16) if kernels.available() else rows.float()
 
