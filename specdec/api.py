@@ -47,7 +47,7 @@ class LLM:
                  tree_nodes: int | None = None, device: str = "cpu", kv_dtype: str = "auto"):
         from specdec.store import resolve
 
-        check_setup(draft=draft, sources=sources, exit_layer=exit_layer, lookahead=lookahead, tree=tree,
+        check_setup(draft=draft, sources=sources, exit_layer=exit_layer, lookahead=lookahead, tree=tree, heads=heads,
                     tree_nodes=tree_nodes)
         if kv_dtype not in KV_DTYPES:
             raise OptionError(f"unknown KV-cache dtype {kv_dtype!r}: choose one of {', '.join(KV_DTYPES)}")

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Sequence
 
 from specdec.drafters import METHODS
 from specdec.errors import SpecdecError
+
+TREES = ("auto", "chain", "dynamic", "static")  # tree names; anything else is a Medusa paths file
 
 
 class OptionError(SpecdecError, ValueError):
@@ -247,15 +250,24 @@ NEEDS_DRAFT = "method 'draft' needs a draft model: pass --draft NAME (e.g. qwen2
 
 def check_setup(*, draft: str | None = None, sources: Sequence[str] | str = ("prompt-lookup", "draft"),
                 exit_layer: int | str = "auto", lookahead="auto", method: str | None = None, tree: str = "auto",
-                tree_nodes: int | None = None) -> None:
+                tree_nodes: int | None = None, heads: str | None = None) -> None:
     """The method settings of `specdec.LLM` (and `specdec race`), before anything loads; with `method`,
     also whether they let that method run (a draft model for 'draft', or for a hybrid that uses one).
-    `tree`: Medusa's and EAGLE's tree (a name or a Medusa paths file: read when the drafter is built);
-    `tree_nodes`: their size and token recycling's, None = from the probe's budget."""
+    `tree`: Medusa's and EAGLE's tree (a name, or a Medusa paths file that must exist: read when the drafter is
+    built); `tree_nodes`: their size and token recycling's, None = from the probe's budget; `heads`: a heads
+    folder, which must exist."""
     if draft is not None and (not isinstance(draft, str) or not draft.strip()):
         raise OptionError(f"draft must be a model name or path, got {draft!r}")
     if not isinstance(tree, str) or not tree.strip():
         raise OptionError(f"tree must be 'auto', 'chain', 'static', 'dynamic' or a Medusa paths file, got {tree!r}")
+    if tree.strip() not in TREES and not Path(tree).is_file():
+        raise OptionError(f"tree {tree!r}: no such file; give auto, chain, dynamic, static or a Medusa paths file (JSON)")
+    if method == "eagle" and tree.strip() not in TREES:
+        raise OptionError(f"tree {tree!r}: EAGLE drafts an auto, dynamic, static or chain tree (a paths file is Medusa's)")
+    if method == "medusa" and tree.strip() in ("dynamic", "static"):
+        raise OptionError(f"tree {tree!r}: Medusa drafts an auto (calibrated) or chain tree, or a paths file's")
+    if heads is not None and not Path(heads).is_dir():
+        raise OptionError(f"heads {heads!r}: no such folder (give the --out folder of `specdec train medusa|eagle`)")
     if tree_nodes is not None and (not is_int(tree_nodes) or tree_nodes < 1):
         raise OptionError(f"tree_nodes must be an integer >= 1 (or None = from the budget), got {tree_nodes!r}")
     names = check_sources(sources)

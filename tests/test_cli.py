@@ -36,6 +36,27 @@ def test_generate_streams_text(folder, capsys):
     assert "tokens/s" in captured.err
 
 
+@pytest.mark.parametrize("as_json", [False, True])
+def test_ctrl_c_keeps_what_generate_wrote(folder, capsys, monkeypatch, as_json):
+    """Ctrl-C after two chunks: the streamed text ends its line (or --json prints it), exit 130."""
+    from specdec.api import LLM
+    from specdec.decode import Chunk
+
+    def chunks(self, prompt, **kw):
+        yield Chunk("Hel", [5, 6])
+        yield Chunk("lo", [7])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LLM, "chunks", chunks)
+    assert main(["generate", "hi", "--model", folder] + (["--json"] if as_json else [])) == 130
+    out, err = capsys.readouterr()
+    if as_json:
+        got = json.loads(out)
+        assert got["text"] == "Hello" and got["token_ids"] == [5, 6, 7] and got["finish_reason"] == "interrupted"
+    else:
+        assert out == "Hello\n" and "interrupted after 3 tokens" in err
+
+
 @pytest.mark.parametrize("args, message", [
     (["--top-p", "0"], "top_p"),
     (["--top-p", "1.5"], "top_p"),

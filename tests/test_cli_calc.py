@@ -31,6 +31,21 @@ def test_calc_json(capsys):
     assert data["best_k"] == 1
 
 
+def test_calc_says_when_the_best_k_is_only_the_cap(capsys):
+    """alpha = 1: every drafted token is accepted, so the speedup rises with k towards 1/tau; the search's cap is
+    not a best k. k = 0 drafts nothing, so no alpha breaks even: any does. A k sweep still rising at k = 10 says so."""
+    code, out, _ = run(capsys, "calc", "--alpha", "1", "-k", "4", "--tau", "0.1", "--k-max", "32")
+    assert code == 0 and "tau >= 32, the --k-max cap" in out and "7.857x at k=32" in out
+    _, out, _ = run(capsys, "calc", "--alpha", "1", "--json")
+    assert json.loads(out)["best_k_capped"] is True
+    _, out, _ = run(capsys, "calc", "--json")
+    assert json.loads(out)["best_k_capped"] is False and json.loads(out)["best_k"] == 4
+    _, out, _ = run(capsys, "calc", "-k", "0")
+    assert "break-even alpha at this k any" in out
+    _, out, _ = run(capsys, "calc", "--alpha", "0.99", "--tau", "0.01", "--table", "k")
+    assert "10 " in out.splitlines()[-1] and "still rising" in out and "<- peak" not in out
+
+
 def test_calc_json_no_break_even(capsys):
     code, out, _ = run(capsys, "calc", "--alpha", "0.5", "-k", "2", "--tau", "1.5", "--json")
     assert code == 0 and json.loads(out)["break_even_alpha"] is None

@@ -81,6 +81,31 @@ def test_setup_checks():
     check_setup(method="hybrid", sources="prompt-lookup,lookahead")
 
 
+def test_tree_and_heads_are_checked_before_anything_loads(tmp_path, capsys):
+    """A missing tree file or heads folder, a paths file for EAGLE or an EAGLE-only tree name for Medusa: one line
+    before the model loads (they were found only when the drafter was built, after loading)."""
+    from specdec.cli import main
+
+    paths = tmp_path / "tree.json"
+    paths.write_text("[[0], [0, 0]]")
+    check_setup(method="medusa", tree=str(paths), heads=str(tmp_path))
+    for tree in ("auto", "chain", "dynamic", "static"):
+        check_setup(method="eagle", tree=tree)
+    with pytest.raises(OptionError, match="no such file"):
+        check_setup(method="medusa", tree=str(tmp_path / "nothing.json"))
+    with pytest.raises(OptionError, match="EAGLE drafts an auto, dynamic, static or chain tree"):
+        check_setup(method="eagle", tree=str(paths))
+    for tree in ("dynamic", "static"):
+        with pytest.raises(OptionError, match="Medusa drafts an auto"):
+            check_setup(method="medusa", tree=tree)
+    with pytest.raises(OptionError, match="no such folder"):
+        check_setup(heads=str(tmp_path / "nothing"))
+    assert main(["generate", "hi", "--model", "no-such-model", "--method", "medusa", "--tree", "x.json"]) == 2
+    assert "tree 'x.json': no such file" in capsys.readouterr().err  # before the unknown model is looked up
+    assert main(["bench", "--prompts", "spec-bench", "--methods", "medusa@static", "--out", str(tmp_path / "b")]) == 2
+    assert "medusa trees are auto, chain" in capsys.readouterr().err
+
+
 def test_lookahead_config():
     import specdec
 

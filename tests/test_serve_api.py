@@ -162,6 +162,8 @@ def test_sse_framing(tiny, live):
     ({"stream_options": {"include_usage": True}}, "only allowed when stream is true"),
     ({"logprobs": 2}, "leave it out or send null or false"),  # an unsupported field at its neutral value only
     ({"presence_penalty": 0.5}, "field 'presence_penalty' is not supported"),
+    ({"seed": -1}, "seed"),
+    ({"seed": 2**64}, "seed"),
 ])
 def test_bad_requests_get_400(tiny, live, change, words):
     folder, _, _ = tiny
@@ -188,6 +190,9 @@ def test_openai_error_codes_and_neutral_fields(tiny, client, live):
     plain = client.completions.create(model=folder, prompt="abc", max_tokens=4, temperature=0)
     assert client.completions.create(model=folder, prompt="abc", max_tokens=4, temperature=0,
                                      extra_body=neutral).choices[0].text == plain.choices[0].text
+    nulls = dict(speculation=None, priority=None, top_p=None, top_k=None, min_p=None, seed=None, stop=None)
+    assert client.completions.create(model=folder, prompt="abc", max_tokens=4, temperature=0,
+                                     extra_body=nulls).choices[0].text == plain.choices[0].text  # null: the default
     assert client.models.retrieve(folder).id == folder
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4")

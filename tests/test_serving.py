@@ -1053,3 +1053,10 @@ def test_a_stop_inside_an_accepted_block_counts_only_the_kept_tokens(tiny):
     engine, _, last = run((stop,))
     assert last.finish_reason == "stop"
     assert _sample_count(engine.metrics, "specdec_tokens_per_step_sum") == last.completion_tokens
+
+
+def test_the_budget_gauge_reads_the_budget_before_any_step(tiny):
+    """The dashboard's budget line is there from the start (it read 0 until the first request)."""
+    model, tok = tiny[0], tiny[1]
+    engine = Engine(model, tok, budget=6)
+    assert "specdec_budget_positions 6.0" in engine.metrics.render().decode()

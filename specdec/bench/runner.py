@@ -72,7 +72,7 @@ def available_methods() -> tuple[str, ...]:
     return tuple(api.METHODS)
 
 
-TREE_METHODS = {"medusa": ("auto", "chain", "static"), "eagle": ("auto", "dynamic", "static", "chain")}
+TREE_METHODS = {"medusa": ("auto", "chain"), "eagle": ("auto", "dynamic", "static", "chain")}
 
 
 def parse_methods(spec: str | Sequence[str]) -> list[str]:

@@ -157,8 +157,9 @@ def run(args) -> int:
     if bad:
         raise ValueError(f"--plain-dtypes {','.join(bad)}: choose from {', '.join(DTYPES)}")
     for method in methods:
-        check_setup(draft=args.draft, sources=args.sources, lookahead=lookahead_arg(args), method=method.split("@")[0],
-                    tree=args.tree, tree_nodes=args.tree_nodes)
+        name, _, tree = method.partition("@")
+        check_setup(draft=args.draft, sources=args.sources, lookahead=lookahead_arg(args), method=name,
+                    tree=tree or args.tree, tree_nodes=args.tree_nodes, heads=args.heads)
     report.check_out(args.out)
     cats = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     prompts = P.load_prompts(args.prompts, cats, args.limit)

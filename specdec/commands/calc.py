@@ -41,17 +41,24 @@ def register(subparsers) -> None:
 
 def summary(alpha: float, k: int, tau: float, k_max: int = 32) -> dict:
     """The numbers `calc` prints, as a dict (keys match --json)."""
+    best = theory.best_k(alpha, tau, k_max)
     return {
         "alpha": alpha,
         "k": k,
         "tau": tau,
         "expected_tokens": theory.expected_tokens(alpha, k),
         "speedup": theory.speedup(alpha, k, tau),
-        "best_k": theory.best_k(alpha, tau, k_max),
-        "best_speedup": theory.speedup(alpha, theory.best_k(alpha, tau, k_max), tau),
+        "best_k": best,
+        "best_speedup": theory.speedup(alpha, best, tau),
+        "best_k_capped": rising(alpha, best, tau),  # the speedup still grows past --k-max: best_k is only its cap
         "break_even_alpha": theory.break_even_alpha(k, tau),
         "full_burst_probability": theory.full_burst_probability(alpha, k),
     }
+
+
+def rising(alpha: float, k: int, tau: float) -> bool:
+    """Whether drafting one more token than k still pays (alpha = 1: always, up to 1/tau)."""
+    return theory.speedup(alpha, k + 1, tau) > theory.speedup(alpha, k, tau) + 1e-12
 
 
 def table_rows(kind: str, alpha: float, k: int, tau: float) -> list[dict]:
@@ -96,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"speedup across k at alpha={_arg(args.alpha)}, tau={_arg(args.tau)}")
             print(f"{'k':>3} {'E[tokens]':>10} {'round cost':>11} {'speedup':>8}")
             for r in rows:
-                mark = "  <- peak" if r["k"] == best else ""
+                mark = "" if r["k"] != best else "  <- peak" if not rising(args.alpha, best, args.tau) else \
+                    "  <- highest here, still rising past k=10 (specdec calc gives the best k)"
                 print(f"{r['k']:>3} {r['expected_tokens']:>10.4f} {r['round_cost']:>10.2f}x "
                       f"{r['speedup']:>7.3f}x{mark}")
         return 0
@@ -105,12 +113,17 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(s, indent=2))
         return 0
     be = s["break_even_alpha"]
-    be_text = "none (tau > 1: drafting always costs more than it can save)" if be is None else _fixed(be, 4)
+    be_text = ("none (tau > 1: drafting always costs more than it can save)" if be is None
+               else "any (k = 0 drafts nothing: plain decoding)" if args.k == 0 else _fixed(be, 4))
     print(f"alpha={_arg(args.alpha)}  k={args.k}  tau={_arg(args.tau)}")
     print(f"expected tokens per round  {s['expected_tokens']:.4f}")
     print(f"speedup                    {_fixed(s['speedup'], 3)}x")
     print(f"P(full burst of {args.k + 1} {'token' if args.k == 0 else 'tokens'})  "
           f"{_fixed(s['full_burst_probability'], 4)}")
-    print(f"best k for this alpha, tau {s['best_k']}  ({s['best_speedup']:.3f}x)")
+    if s["best_k_capped"]:
+        print(f"best k for this alpha, tau >= {s['best_k']}, the --k-max cap: the speedup still rises with k "
+              f"({s['best_speedup']:.3f}x at k={s['best_k']})")
+    else:
+        print(f"best k for this alpha, tau {s['best_k']}  ({s['best_speedup']:.3f}x)")
     print(f"break-even alpha at this k {be_text}")
     return 0

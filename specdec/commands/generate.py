@@ -183,17 +183,28 @@ def run(args) -> int:
                   posterior_threshold=args.posterior_threshold, posterior_alpha=args.posterior_alpha)
     GenerationOptions(**kwargs)
     setup = dict(draft=args.draft, exit_layer=args.exit_layer, sources=args.sources, lookahead=lookahead_arg(args))
-    check_setup(**setup, method=args.method, tree=args.tree, tree_nodes=args.tree_nodes)
+    check_setup(**setup, method=args.method, **medusa_kwargs(args))
     prompt = read_prompt(args.prompt)
 
     from specdec.api import LLM
 
     llm = LLM(args.model, dtype=args.dtype, device=args.device, kv_dtype=args.kv_dtype, datastore=args.datastore, **setup, **medusa_kwargs(args))
-    result = None
-    for chunk in llm.chunks(prompt, **kwargs):
-        if not args.json and chunk.text:
-            print(chunk.text, end="", flush=True)
-        result = chunk.result or result
+    result, text, tokens = None, [], []
+    try:
+        for chunk in llm.chunks(prompt, **kwargs):
+            if not args.json and chunk.text:
+                print(chunk.text, end="", flush=True)
+            text.append(chunk.text)
+            tokens += chunk.tokens
+            result = chunk.result or result
+    except KeyboardInterrupt:  # Ctrl-C: what was generated so far stays, on its own line or as JSON
+        if args.json:
+            print(json.dumps(dict(text="".join(text), token_ids=tokens, new_tokens=len(tokens),
+                                  finish_reason="interrupted", model=args.model, method=args.method), indent=2))
+        else:
+            print(flush=True)
+            print(f"[interrupted after {len(tokens)} tokens]", file=sys.stderr)
+        return 130
     if args.json:
         out = result.to_dict()
         rounds = out.pop("rounds")

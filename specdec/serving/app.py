@@ -94,7 +94,7 @@ class Common(Body):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
     min_p: float = Field(0.0, ge=0, le=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=2**64)  # as SamplingParams takes it, refused here with its param
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=1, description="one choice per request")
     stream: bool = False
@@ -107,9 +107,11 @@ class Common(Body):
     @classmethod
     def drop_neutral(cls, data):
         """Unsupported fields at their neutral values (`NEUTRAL`) ask for nothing: drop them; any other value
-        stays, and is refused as an unknown field."""
+        stays, and is refused as an unknown field. A field of ours sent as null takes its default, as OpenAI
+        reads null ("temperature": null is 1, "speculation": null is "auto")."""
         if isinstance(data, dict):
-            data = {k: v for k, v in data.items() if not (k in NEUTRAL and _neutral(v, NEUTRAL[k]))}
+            data = {k: v for k, v in data.items() if not (k in NEUTRAL and _neutral(v, NEUTRAL[k]))
+                    and not (v is None and k in cls.model_fields)}
         return data
 
 

@@ -154,6 +154,7 @@ class Engine:
         self.picker = scheduler.ModePicker(line=self.line) if speculation == "auto" and budget is None else None
         self.arm = "model"  # the picker's arm for the current step
         self.metrics = metrics or Metrics()
+        self.metrics.budget.set(self.line)  # the dashboard shows the budget before the first step
         self.waiting: deque[Job] = deque()
         self.running: list[Slot] = []
         self.lock = threading.Lock()
