@@ -159,3 +159,32 @@ def test_heads_trained_on_the_gpu_draft_on_it(folder, tmp_path):
     for method, where in (("medusa", "m"), ("eagle", "e")):
         gpu = LLM(str(folder), dtype="fp32", device="cuda", heads=str(tmp_path / where))
         assert gpu.generate(ids, method=method, max_new_tokens=12).token_ids == plain, method
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU on this machine")
+def test_cuda_graphs_replay_what_the_eager_forward_computes(folder, monkeypatch):
+    """Steps of 1 to 5 positions with rejections between them (rewinds): each replayed graph's logits and hidden
+    states equal the eager forward's (fp32); graphs were captured, and a new request's cache replays them."""
+    model = load_transformer(folder, torch.float32, "cuda")
+    monkeypatch.setenv("SPECDEC_CUDA_GRAPHS", "0")
+    eager = model.new_cache(64)
+    monkeypatch.setenv("SPECDEC_CUDA_GRAPHS", "1")
+    graphed = model.new_cache(64)
+    for cache in (eager, graphed):
+        model.prefill([1, 5, 9, 13], cache)
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 3, 1, 5, 2, 1, 4):
+        tokens = torch.randint(3, 96, (1, n), generator=g)
+        monkeypatch.setenv("SPECDEC_CUDA_GRAPHS", "0")
+        want = model(tokens, eager, hidden_layers=(0, -1))
+        monkeypatch.setenv("SPECDEC_CUDA_GRAPHS", "1")
+        got = model(tokens, graphed, hidden_layers=(0, -1))
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got.hidden[-1], want.hidden[-1], rtol=1e-4, atol=1e-4)
+        for cache in (eager, graphed):
+            cache.rewind(n // 2)
+    assert graphed.graphs and all(gr.graph is not None for gr in graphed.graphs.values())
+    captured = graphed.graphs
+    del graphed, cache  # the loop variable held it too
+    again = model.new_cache(64)
+    assert again.graphs is captured and again.length == 0

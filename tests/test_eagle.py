@@ -447,6 +447,8 @@ def test_export_to_a_file_is_one_line(tmp_path, capsys):
     afile.write_text("x")
     assert main(["export", "eagle", "--model", "smollm2-135m", "--out", str(afile)]) == 2  # before anything loads
     assert "is a file, not a folder" in capsys.readouterr().err and afile.read_text() == "x"
+    assert main(["export", "eagle", "--model", "no-such-model", "--out", "/proc/specdec-export"]) == 2
+    assert "cannot write there" in capsys.readouterr().err  # a folder that cannot be written: also before loading
 
 
 def test_a_medusa_folder_given_for_an_eagle_head_says_so(tmp_path):

@@ -1,7 +1,8 @@
 """Session 31: where a GPU step's time goes. A SmolLM2-135M-shaped Llama with random weights (timing needs the
-shapes, not the weights), bf16 on DEVICE: our forward per step (n = 1 and 8) against transformers' generate
-(plain greedy, 128 new tokens forced), and torch's profiler over five of our steps."""
-import statistics, sys, time
+shapes, not the weights), bf16 on DEVICE: our forward per step, eager (SPECDEC_CUDA_GRAPHS=0) and replaying CUDA
+graphs, against transformers' generate (plain greedy, 128 new tokens forced); one forward over n positions; and
+torch's profiler over five of our eager steps."""
+import os, statistics, sys, time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from specdec.runtime.loader import load_transformer
@@ -45,13 +46,25 @@ def hf_run(new=128):
         sync()
     return (time.perf_counter() - t0) / new
 
-our_run(8); hf_run(8)
+def mode(graphs):
+    os.environ["SPECDEC_CUDA_GRAPHS"] = "1" if graphs else "0"
+
+t0 = time.perf_counter(); mode(True); first = our_run()  # a fresh pool: the first request captures its graph
+print(f"graphs, first request (captures width 1): {first * 1e3:.2f} ms per token")
+mode(False); our_run(8); hf_run(8)
 rows = []
 for rep in range(3):
-    rows.append((our_run(), hf_run()))
-for a, b in rows:
-    print(f"ms per token: ours {a * 1e3:.2f}, HF generate {b * 1e3:.2f}, HF / ours {b / a:.2f}")
-print("ours, one forward: " + ", ".join(f"n={n} {our_width(n) * 1e3:.2f} ms" for n in (1, 2, 8, 32)))
+    mode(False); eager = our_run()
+    mode(True); graphed = our_run()
+    rows.append((eager, graphed, hf_run()))
+for a, g, b in rows:
+    print(f"ms per token: ours eager {a * 1e3:.2f}, ours graphs {g * 1e3:.2f}, HF generate {b * 1e3:.2f}; "
+          f"graphs / eager speedup {a / g:.2f}, HF / ours graphs {b / g:.2f}")
+for graphs in (False, True):
+    mode(graphs)
+    print(f"ours {'graphs' if graphs else 'eager'}, one forward: "
+          + ", ".join(f"n={n} {our_width(n) * 1e3:.2f} ms" for n in (1, 2, 4, 8, 16, 32, 64)))
+mode(False)
 from torch.profiler import ProfilerActivity, profile
 acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.startswith("cuda") else [])
 cache = ours.new_cache(512); ours.prefill(prompt[0].tolist(), cache)

@@ -34,16 +34,13 @@ def register(sub) -> None:
 
 
 def run_eagle(args) -> int:
+    from specdec.bench.report import check_out
     from specdec.drafters.eagle import find_head
     from specdec.errors import SpecdecError
     from specdec.runtime.config import ModelConfig
     from specdec.store import resolve
 
-    from pathlib import Path
-
-    out = Path(args.out).expanduser()
-    if out.exists() and not out.is_dir():
-        raise SpecdecError(f"--out {out} is a file, not a folder: choose a folder for config.json and model.safetensors")
+    out = check_out(args.out, ("config.json", "model.safetensors"))  # a folder that takes files, before loading
     again = (out / "config.json").exists()
     if again or (out / "model.safetensors").exists():
         import json

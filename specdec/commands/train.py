@@ -37,7 +37,10 @@ def add_corpus_args(p) -> None:
 
 def add_run_args(p) -> None:
     """Resuming and progress bars, as every `train` kind has them."""
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in the output folder")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the checkpoint in the output folder, with the same settings and data (a "
+                        "difference is named and refused; --checkpoint-every may change). Medusa may also raise "
+                        "--epochs to train on; EAGLE's learning-rate schedule spans its --epochs, so they must match")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 

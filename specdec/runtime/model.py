@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.runtime import kernels
+from specdec.runtime import cuda_graphs, kernels
 from specdec.runtime.kernels import attention, ops, quant
 from specdec.runtime.config import ModelConfig
 from specdec.runtime.kv_cache import KVCache
@@ -235,20 +235,40 @@ class Block(nn.Module):
                 and qkv.device.type == "cpu"
                 and qkv.is_contiguous() and keys.is_contiguous() and attention.supports_dims(keys.shape[-1]))
 
-    def attend(self, qkv, cos, sin, cache: KVCache, layer: int, start: int, mask, plan: "RowPlan | None"):
-        """Attention of n new positions [B, n, H, D] from their fused projection qkv [B, n, q|k|v]: RoPE on q and
-        k, k and v written to the cache's slots start.., then attention under `plan` (exact models: each row over
-        the keys a single-position forward sees) or `mask`. The batched server calls it per request."""
+    def heads(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q [B, H, n, D], k and v [B, H_kv, n, D] from the fused projection [B, n, q|k|v], RoPE on q and k."""
         B, n, _ = qkv.shape
         cfg = self.cfg
-        if plan is not None and self.fused(qkv, cache.k[layer]):  # RoPE, cache write and attention: two C calls
-            q = ops.rope_store(qkv, cos, sin, cache, layer, start, cfg.num_heads, cfg.num_kv_heads)
-            return attention.attend(q, cache.k[layer], cache.v[layer], plan.rows)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(B, n, cfg.num_heads, cfg.head_dim).transpose(1, 2)
         k = k.view(B, n, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         v = v.view(B, n, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+    def static(self, x, cos, sin, cache: KVCache, layer: int, slots: torch.Tensor, mask: torch.Tensor):
+        """`forward` with every shape and address fixed, for a captured CUDA graph (`runtime.cuda_graphs`): k and v
+        go to the cache slots `slots` [n] by index, and attention reads the whole cache under `mask` [1, 1, n,
+        max_len] (a slot not yet written is masked out)."""
+        B, n, _ = x.shape
+        q, k, v = self.heads(self.qkv(self.input_norm(x)), cos, sin)
+        keys, values = cache.k[layer], cache.v[layer]
+        keys.index_copy_(2, slots, k)
+        values.index_copy_(2, slots, v)
+        att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                             enable_gqa=self.cfg.num_heads != self.cfg.num_kv_heads)
+        x = x + self.o(att.transpose(1, 2).reshape(B, n, -1))
+        return x + self.mlp(self.post_norm(x))
+
+    def attend(self, qkv, cos, sin, cache: KVCache, layer: int, start: int, mask, plan: "RowPlan | None"):
+        """Attention of n new positions [B, n, H, D] from their fused projection qkv [B, n, q|k|v]: RoPE on q and
+        k, k and v written to the cache's slots start.., then attention under `plan` (exact models: each row over
+        the keys a single-position forward sees) or `mask`. The batched server calls it per request."""
+        n = qkv.shape[1]
+        cfg = self.cfg
+        if plan is not None and self.fused(qkv, cache.k[layer]):  # RoPE, cache write and attention: two C calls
+            q = ops.rope_store(qkv, cos, sin, cache, layer, start, cfg.num_heads, cfg.num_kv_heads)
+            return attention.attend(q, cache.k[layer], cache.v[layer], plan.rows)
+        q, k, v = self.heads(qkv, cos, sin)
         cache.write(layer, k, v, start)
         if plan is not None:
             return attend_rows(q, k, v, cache, layer, plan, cfg.num_heads != cfg.num_kv_heads).transpose(1, 2)
@@ -499,6 +519,8 @@ class Transformer(nn.Module):
 
     def new_cache(self, max_len: int | None = None, batch: int = 1) -> KVCache:
         max_len = max_len or self.cfg.max_position_embeddings
+        if batch == 1 and cuda_graphs.enabled(self):  # pooled, with the graphs captured on it
+            return cuda_graphs.new_cache(self, max_len)
         return KVCache(self.cfg.num_layers, batch, self.cfg.num_kv_heads, max_len, self.cfg.head_dim,
                        self.kv_dtype, self.device)
 
@@ -556,6 +578,11 @@ class Transformer(nn.Module):
         if positions is None:
             positions = range(start, start + n)
         mask, plan = self.attention_plan(n, start, mask)
+        if B == 1 and plan is None and not (prefill or on_device or exit_layer is not None) and cuda_graphs.enabled(self):
+            graphed = cuda_graphs.forward(self, tokens, cache, positions, mask, hidden_layers, last_only)
+            if graphed is not None:  # a step on a GPU: one replay of a captured graph
+                logits, hidden = graphed
+                return ForwardOutput(logits.cpu(), {i: h.cpu() for i, h in hidden.items()})
         device = self.device
         on_host = device.type == "cpu"
         if not on_host:  # the caller's host tensors move to the device; the outputs come back below
