@@ -31,7 +31,6 @@ from specdec.runtime.loader import KV_DTYPES, check_dtype, load_transformer, res
 from specdec.tokenizer import Tokenizer
 
 
-
 class LLM:
     """A loaded model and its tokenizer; drafters are built on first use. `draft`: the draft model for
     method "draft"; `datastore`: retrieval's folder; `exit_layer`: early exit's layer or "auto";

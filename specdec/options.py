@@ -260,11 +260,11 @@ def check_setup(*, draft: str | None = None, sources: Sequence[str] | str = ("pr
         raise OptionError(f"draft must be a model name or path, got {draft!r}")
     if not isinstance(tree, str) or not tree.strip():
         raise OptionError(f"tree must be 'auto', 'chain', 'static', 'dynamic' or a Medusa paths file, got {tree!r}")
-    if tree.strip() not in TREES and not Path(tree).is_file():
+    if tree not in TREES and not Path(tree).is_file():
         raise OptionError(f"tree {tree!r}: no such file; give auto, chain, dynamic, static or a Medusa paths file (JSON)")
-    if method == "eagle" and tree.strip() not in TREES:
+    if method == "eagle" and tree not in TREES:
         raise OptionError(f"tree {tree!r}: EAGLE drafts an auto, dynamic, static or chain tree (a paths file is Medusa's)")
-    if method == "medusa" and tree.strip() in ("dynamic", "static"):
+    if method == "medusa" and tree in ("dynamic", "static"):
         raise OptionError(f"tree {tree!r}: Medusa drafts an auto (calibrated) or chain tree, or a paths file's")
     if heads is not None and not Path(heads).is_dir():
         raise OptionError(f"heads {heads!r}: no such folder (give the --out folder of `specdec train medusa|eagle`)")

@@ -277,6 +277,42 @@ def test_bad_out_and_options_refused_before_running(tiny_llama, tmp_path, capsys
     assert (tmp_path / "file").read_text() == "results of last week"
 
 
+def test_each_method_is_checked_with_its_own_tree_and_the_heads(tmp_path, capsys):
+    """medusa@chain beside EAGLE's --tree dynamic is fine (each method with its @tree), and a missing --heads
+    folder is refused before running: here only the --out that is a file is left to refuse."""
+    (tmp_path / "file").write_text("x")
+    base = ["bench", "--prompts", "spec-bench", "--out", str(tmp_path / "file")]
+    assert main(base + ["--methods", "medusa@chain,eagle", "--tree", "dynamic"]) == 2
+    assert "is a file" in capsys.readouterr().err
+    assert main(base + ["--methods", "medusa", "--heads", str(tmp_path / "nothing")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+
+
+def test_transformers_runs_on_the_device_of_our_model(tiny_llama, monkeypatch):
+    """--compare-hf with --device cuda: transformers' model, its assistant and the prompt's ids go to our model's
+    device (the meta device stands in for a GPU)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from specdec.bench import runner
+
+    assert next(runner.load_hf_model(tiny_llama, torch.float32, "meta").parameters()).device.type == "meta"
+    meta, seen = torch.device("meta"), []
+
+    def generate(x, **kw):
+        seen.append(x.device)
+        return torch.tensor([[1, 2, 3, 4, 5, 2]])
+
+    monkeypatch.setattr(runner, "load_hf_model", lambda folder, dtype, device="cpu": seen.append(torch.device(device))
+                        or SimpleNamespace(device=torch.device(device), generate=generate))
+    llm = SimpleNamespace(folder=tiny_llama, dtype=torch.float32, device=meta,
+                          tokenizer=SimpleNamespace(eos_ids={2}, decode=lambda ids: ""))
+    methods = runner.hf_methods(llm, runner.BenchSettings(), draft=str(tiny_llama))
+    assert [m.name for m in methods] == ["hf-plain", "hf-assisted", "hf-prompt-lookup"] and seen == [meta, meta]
+    assert methods[0].generate([1, 2, 3, 4])["finish_reason"] == "stop" and seen[-1] == meta
+
+
 def test_prompts_file_not_utf8_is_named(tmp_path):
     bad = tmp_path / "latin1.jsonl"
     bad.write_bytes(b'{"question_id": 1, "turns": ["caf\xe9"]}\n')  # Latin-1

@@ -46,6 +46,29 @@ def test_calc_says_when_the_best_k_is_only_the_cap(capsys):
     assert "10 " in out.splitlines()[-1] and "still rising" in out and "<- peak" not in out
 
 
+def test_calc_cap_and_peak_read_the_best_k_not_the_given_k(capsys):
+    """best_k_capped asks whether the speedup rises past the best k, not past -k (at k = 1 it rises, at the best
+    k = 4 it does not); a rise of one ulp is a tie (alpha = tau = 0.7: k = 0 and 1 both give 1.0x), not a rise.
+    Only k = 0 breaks even at "any" alpha: tau = 0 breaks even at 0.0000. The k table marks its peak, k = 4,
+    whatever -k is."""
+    _, out, _ = run(capsys, "calc", "-k", "1", "--json")
+    assert json.loads(out)["best_k"] == 4 and json.loads(out)["best_k_capped"] is False
+    _, out, _ = run(capsys, "calc", "--alpha", "0.7", "--tau", "0.7", "--json")
+    assert json.loads(out)["best_k"] == 0 and json.loads(out)["best_k_capped"] is False
+    _, out, _ = run(capsys, "calc", "--tau", "0")
+    assert "break-even alpha at this k 0.0000" in out
+    _, out, _ = run(capsys, "calc", "--table", "k", "-k", "1")
+    assert [line.split()[0] for line in out.splitlines() if "<- peak" in line] == ["4"] and "still rising" not in out
+
+
+def test_the_k_table_breaks_ties_as_calc_does(capsys):
+    """alpha = tau = 0.7: k = 0 and k = 1 both give 1.0x (up to rounding); both pick the smaller k."""
+    _, out, _ = run(capsys, "calc", "--alpha", "0.7", "--tau", "0.7")
+    assert "best k for this alpha, tau 0 " in out
+    _, out, _ = run(capsys, "calc", "--alpha", "0.7", "--tau", "0.7", "--table", "k")
+    assert [line.split()[0] for line in out.splitlines() if "<- peak" in line] == ["0"]
+
+
 def test_calc_json_no_break_even(capsys):
     code, out, _ = run(capsys, "calc", "--alpha", "0.5", "-k", "2", "--tau", "1.5", "--json")
     assert code == 0 and json.loads(out)["break_even_alpha"] is None

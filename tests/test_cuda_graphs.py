@@ -137,3 +137,38 @@ def test_the_cache_pool_never_hands_out_a_cache_in_use(model, monkeypatch):
     assert model.new_cache(cuda_graphs.CACHE_ROUND + 1).max_len == 2 * cuda_graphs.CACHE_ROUND
     assert len(model.cache_pool) == 3
     model.__dict__.pop("cache_pool")
+
+
+def test_a_step_that_ends_at_the_caches_last_slot_takes_it(model):
+    """start + width == max_len fits (the padding's last slot is max_len - 1): only a step past the end is left to
+    the eager forward."""
+    a, b = twin_caches(model, [1, 2, 3, 4, 5, 6], max_len=8)
+    tokens = torch.tensor([[7, 8]])
+    got = cuda_graphs.forward(model, tokens, b, range(6, 8), model.attention_plan(2, 6)[0], (), False)
+    assert got is not None and b.length == 8
+    torch.testing.assert_close(got[0], model(tokens, a).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_pooled_caches_round_up_to_the_next_multiple_only(model, monkeypatch):
+    monkeypatch.setattr(cuda_graphs, "enabled", lambda m: True)
+    model.__dict__.pop("cache_pool", None)
+    r = cuda_graphs.CACHE_ROUND
+    assert [model.new_cache(n).max_len for n in (1, r, r + 1, 2 * r)] == [r, r, 2 * r, 2 * r]
+    model.__dict__.pop("cache_pool")
+
+
+def test_batches_stay_eager(model, monkeypatch):
+    """Graphs take one row: a two-row cache is a plain one of the length asked, not pooled, and a two-row forward
+    runs eagerly (the same logits)."""
+    tokens = torch.tensor([[1, 5, 9], [2, 6, 10]])
+    want = model(tokens, model.new_cache(16, batch=2)).logits
+    monkeypatch.setattr(cuda_graphs, "enabled", lambda m: True)
+    model.__dict__.pop("cache_pool", None)
+    cache = model.new_cache(16, batch=2)
+    assert cache.k[0].shape[0] == 2 and cache.max_len == 16 and not model.__dict__.get("cache_pool")
+
+    def graphed(*a):
+        raise AssertionError("a two-row forward went through the graph")
+
+    monkeypatch.setattr(cuda_graphs, "forward", graphed)
+    torch.testing.assert_close(model(tokens, cache).logits, want)

@@ -71,6 +71,22 @@ def test_probe_takes_the_device_flag(folder, capsys):
     assert "unknown device 'tpu'" in capsys.readouterr().err
 
 
+def test_probe_loads_the_model_on_its_device(folder, monkeypatch):
+    """`probe --device cuda` measures the model there: loaded on the GPU, in bf16 by default."""
+    from specdec.runtime import loader
+
+    seen = []
+    monkeypatch.setattr(loader, "resolve_device", lambda name: torch.device("cuda", 0))  # as with a GPU
+
+    def load(folder, dtype, device="cpu", kv_dtype="auto"):
+        seen.append((dtype, torch.device(device)))
+        raise SpecdecError("stop before loading")
+
+    monkeypatch.setattr(loader, "load_transformer", load)
+    assert main(["probe", "--model", str(folder), "--device", "cuda"]) == 2
+    assert seen == [(torch.bfloat16, torch.device("cuda", 0))]
+
+
 def save_heads(folder, out):
     """Random Medusa heads and a random EAGLE-3 head for the tiny target in `folder`, saved where `--heads` reads
     them: {"medusa": dir, "eagle": dir}."""

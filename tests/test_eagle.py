@@ -451,6 +451,15 @@ def test_export_to_a_file_is_one_line(tmp_path, capsys):
     assert "cannot write there" in capsys.readouterr().err  # a folder that cannot be written: also before loading
 
 
+def test_export_into_a_folder_whose_config_json_is_a_folder_is_one_line(tmp_path, capsys):
+    """config.json or model.safetensors already a folder in --out: said as such, before anything loads."""
+    from specdec.cli import main
+
+    (tmp_path / "out" / "config.json").mkdir(parents=True)
+    assert main(["export", "eagle", "--model", "no-such-model", "--out", str(tmp_path / "out")]) == 2
+    assert "config.json is a folder" in capsys.readouterr().err
+
+
 def test_a_medusa_folder_given_for_an_eagle_head_says_so(tmp_path):
     """It said "not an EAGLE-3 head config (missing 'num_attention_heads')"."""
     from specdec.drafters.eagle_head import EagleConfig

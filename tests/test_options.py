@@ -100,10 +100,26 @@ def test_tree_and_heads_are_checked_before_anything_loads(tmp_path, capsys):
             check_setup(method="medusa", tree=tree)
     with pytest.raises(OptionError, match="no such folder"):
         check_setup(heads=str(tmp_path / "nothing"))
+    with pytest.raises(OptionError, match="no such file"):  # the builders compare names as given: so does the check
+        check_setup(method="medusa", tree=" chain ")
     assert main(["generate", "hi", "--model", "no-such-model", "--method", "medusa", "--tree", "x.json"]) == 2
     assert "tree 'x.json': no such file" in capsys.readouterr().err  # before the unknown model is looked up
     assert main(["bench", "--prompts", "spec-bench", "--methods", "medusa@static", "--out", str(tmp_path / "b")]) == 2
     assert "medusa trees are auto, chain" in capsys.readouterr().err
+
+
+def test_tree_and_heads_paths_are_of_the_right_kind_and_bind_only_their_method(tmp_path):
+    """A folder is no paths file and a file is no heads folder. A tree name or paths file binds only the method it
+    is for: `bench --methods eagle --tree dynamic` (or `medusa --tree paths.json`) also checks plain with it."""
+    paths = tmp_path / "tree.json"
+    paths.write_text("[[0], [0, 0]]")
+    with pytest.raises(OptionError, match="no such file"):
+        check_setup(method="medusa", tree=str(tmp_path))
+    with pytest.raises(OptionError, match="no such folder"):
+        check_setup(method="medusa", heads=str(paths))
+    for method in (None, "plain", "prompt-lookup"):
+        for tree in ("dynamic", "static", str(paths)):
+            check_setup(method=method, tree=tree)
 
 
 def test_lookahead_config():

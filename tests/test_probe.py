@@ -102,6 +102,23 @@ def test_probe_records_the_load_and_retries_an_implausible_curve(tiny_folder, mo
     assert measurement_path("probe", "m", "float32").parent.exists() is False  # probing does not save
 
 
+def test_a_probe_measures_the_models_own_device(tiny_folder, monkeypatch):
+    """The bandwidth of the model's device's memory, one timed sum after the warm-up being enough; a model on a
+    GPU has no CPU matmul paths to compare and is named by its GPU."""
+    from types import SimpleNamespace
+
+    assert probe_mod.measure_bandwidth(megabytes=1, repeats=1) > 0
+    model = load_transformer(tiny_folder, torch.float32)
+    seen = []
+    monkeypatch.setattr(probe_mod, "measure_bandwidth", lambda *a, **k: seen.append(k.get("device")) or 1.0)
+    assert probe_mod.measure(model, "m", context=8, sizes=(1, 2), repeats=1).gpu == ""
+    assert seen == [model.device]
+    gpu = SimpleNamespace(quantized=None, dtype=torch.bfloat16, device=torch.device("cuda", 0))
+    assert probe_mod.other_paths(gpu) == []
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H200")
+    assert probe_mod.gpu_name(gpu.device) == "NVIDIA H200" and probe_mod.gpu_name(model.device) == ""
+
+
 def test_probe_paths_runs_each_path_on_a_copy_loaded_for_it(tmp_path, monkeypatch):
     """Measuring the kernel's other ISA loads the model for that path (the AVX512-BF16 path lays the weights out
     its own way), fused layers included (they once kept the model's own path: the avx2 column was avx512);

@@ -143,6 +143,7 @@ def test_sse_framing(tiny, live):
     ({"top_p": 1.5}, "top_p"),
     ({"logit_bias": {"5": 1}}, "field 'logit_bias' is not supported"),
     ({"frobnicate": 1}, "unknown field 'frobnicate'"),
+    ({"frobnicate": None}, "unknown field 'frobnicate'"),  # null takes the default of our fields only
     ({"speculation": {"method": "plain", "x": 1}}, "unknown field 'speculation.x'"),
     ({"speculation": {"k": "4"}}, "speculation.k: Input should be a valid integer"),  # not "speculation.bool"
     ({"prompt": ["a", "b"]}, "prompt is a string or a list of token ids"),
@@ -193,6 +194,9 @@ def test_openai_error_codes_and_neutral_fields(tiny, client, live):
     nulls = dict(speculation=None, priority=None, top_p=None, top_k=None, min_p=None, seed=None, stop=None)
     assert client.completions.create(model=folder, prompt="abc", max_tokens=4, temperature=0,
                                      extra_body=nulls).choices[0].text == plain.choices[0].text  # null: the default
+    r = httpx.post(live.url + "/v1/completions", json={"model": folder, "prompt": "abc", "max_tokens": 2,
+                                                       "seed": 2**64 - 1})
+    assert r.status_code == 200, r.text  # the largest seed SamplingParams takes
     assert client.models.retrieve(folder).id == folder
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4")

@@ -1060,3 +1060,6 @@ def test_the_budget_gauge_reads_the_budget_before_any_step(tiny):
     model, tok = tiny[0], tiny[1]
     engine = Engine(model, tok, budget=6)
     assert "specdec_budget_positions 6.0" in engine.metrics.render().decode()
+    curve = CostCurve({1: 1.0, 4: 1.05, 8: 1.6, 64: 8.0})  # no --budget: the probe's curve gives the line
+    engine = Engine(model, tok, cost=curve)
+    assert engine.line == 4 and "specdec_budget_positions 4.0" in engine.metrics.render().decode()

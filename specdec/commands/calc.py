@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
             for r in rows:
                 print(f"{r['alpha']:>6.2f} {r['expected_tokens']:>10.4f} {r['speedup']:>7.3f}x")
         else:
-            best = max(rows, key=lambda r: r["speedup"])["k"]
+            best = theory.best_k(args.alpha, args.tau, rows[-1]["k"])  # ties: the smaller k, as `calc` picks
             print(f"speedup across k at alpha={_arg(args.alpha)}, tau={_arg(args.tau)}")
             print(f"{'k':>3} {'E[tokens]':>10} {'round cost':>11} {'speedup':>8}")
             for r in rows:
