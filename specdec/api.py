@@ -26,7 +26,7 @@ from specdec.drafters import METHODS  # noqa: F401 - specdec.api.METHODS, read b
 from specdec.drafters.base import Drafter
 from specdec.errors import SpecdecError
 from specdec.options import (NEEDS_DRAFT, GenerationOptions, LookaheadConfig, OptionError, check_exit_layer,
-                             check_k, check_method, check_prompt, check_setup)
+                             check_k, check_method, check_prompt, check_setup, check_tree)
 from specdec.runtime.loader import KV_DTYPES, check_dtype, load_transformer, resolve_device, resolve_dtype
 from specdec.tokenizer import Tokenizer
 
@@ -66,7 +66,7 @@ class LLM:
         self.exit_layer = check_exit_layer(exit_layer, self.model.cfg.num_layers)
         self.sources = sources
         self.lookahead = LookaheadConfig.of(lookahead)
-        self.heads, self.tree, self.tree_nodes = heads, tree, tree_nodes  # Medusa/EAGLE: heads folder, tree, size
+        self.heads, self.tree, self.tree_nodes = heads, check_tree(tree), tree_nodes  # Medusa/EAGLE: heads, tree, size
         self._medusa = None
         self._eagle = None
         self._recycling = None
@@ -113,6 +113,8 @@ class LLM:
             from specdec.drafters.hybrid import build_hybrid
 
             return build_hybrid(self, self.sources, self.drafter)
+        if method in ("medusa", "eagle"):
+            check_tree(self.tree, method)  # one this method drafts: said before its heads load
         if method == "medusa":
             if self._medusa is None:
                 from specdec.drafters.medusa import build

@@ -13,6 +13,7 @@ message says what is wrong and what to pass instead; the CLI prints it on one li
 from __future__ import annotations
 
 import operator
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Sequence
@@ -248,6 +249,21 @@ def check_exit_layer(value, layers: int | None = None) -> int | str:
 NEEDS_DRAFT = "method 'draft' needs a draft model: pass --draft NAME (e.g. qwen2.5-coder-0.5b)"
 
 
+def check_tree(tree, method: str | None = None) -> str:
+    """A tree setting as a string (a path may be a `Path`): a name in TREES or a Medusa paths file that exists;
+    with `method`, one that method drafts (EAGLE: a name; Medusa: auto, chain or a file)."""
+    tree = os.fspath(tree) if isinstance(tree, os.PathLike) else tree
+    if not isinstance(tree, str) or not tree.strip():
+        raise OptionError(f"tree must be 'auto', 'chain', 'static', 'dynamic' or a Medusa paths file, got {tree!r}")
+    if tree not in TREES and not Path(tree).is_file():
+        raise OptionError(f"tree {tree!r}: no such file; give auto, chain, dynamic, static or a Medusa paths file (JSON)")
+    if method == "eagle" and tree not in TREES:
+        raise OptionError(f"tree {tree!r}: EAGLE drafts an auto, dynamic, static or chain tree (a paths file is Medusa's)")
+    if method == "medusa" and tree in ("dynamic", "static"):
+        raise OptionError(f"tree {tree!r}: Medusa drafts an auto (calibrated) or chain tree, or a paths file's")
+    return tree
+
+
 def check_setup(*, draft: str | None = None, sources: Sequence[str] | str = ("prompt-lookup", "draft"),
                 exit_layer: int | str = "auto", lookahead="auto", method: str | None = None, tree: str = "auto",
                 tree_nodes: int | None = None, heads: str | None = None) -> None:
@@ -258,19 +274,14 @@ def check_setup(*, draft: str | None = None, sources: Sequence[str] | str = ("pr
     folder, which must exist."""
     if draft is not None and (not isinstance(draft, str) or not draft.strip()):
         raise OptionError(f"draft must be a model name or path, got {draft!r}")
-    if not isinstance(tree, str) or not tree.strip():
-        raise OptionError(f"tree must be 'auto', 'chain', 'static', 'dynamic' or a Medusa paths file, got {tree!r}")
-    if tree not in TREES and not Path(tree).is_file():
-        raise OptionError(f"tree {tree!r}: no such file; give auto, chain, dynamic, static or a Medusa paths file (JSON)")
-    if method == "eagle" and tree not in TREES:
-        raise OptionError(f"tree {tree!r}: EAGLE drafts an auto, dynamic, static or chain tree (a paths file is Medusa's)")
-    if method == "medusa" and tree in ("dynamic", "static"):
-        raise OptionError(f"tree {tree!r}: Medusa drafts an auto (calibrated) or chain tree, or a paths file's")
-    if heads is not None and not Path(heads).is_dir():
+    if heads is not None and (not isinstance(heads, (str, os.PathLike)) or not str(heads).strip()
+                              or not Path(heads).is_dir()):
         raise OptionError(f"heads {heads!r}: no such folder (give the --out folder of `specdec train medusa|eagle`)")
     if tree_nodes is not None and (not is_int(tree_nodes) or tree_nodes < 1):
         raise OptionError(f"tree_nodes must be an integer >= 1 (or None = from the budget), got {tree_nodes!r}")
     names = check_sources(sources)
+    for m in {method, *(names if method == "hybrid" else ())}:  # a hybrid's Medusa or EAGLE source too
+        check_tree(tree, m)
     check_exit_layer(exit_layer)
     LookaheadConfig.of(lookahead)
     if draft is None and (method == "draft" or (method == "hybrid" and "draft" in names)):

@@ -70,6 +70,13 @@ def test_parse_methods_adds_plain_and_rejects_unknown():
         parse_methods("eagle@wide")
     with pytest.raises(SpecdecError, match="only medusa and eagle take '@TREE'"):
         parse_methods("prompt-lookup@chain")
+    with pytest.raises(SpecdecError, match="'eagle@': eagle trees are"):  # it ran as a row named 'eagle@'
+        parse_methods("eagle@")
+    with pytest.raises(SpecdecError, match="paths file: --tree FILE"):
+        parse_methods("medusa@paths.json")
+    for nothing in ("", ",,", " , "):  # they ran plain decoding alone
+        with pytest.raises(SpecdecError, match="names no method"):
+            parse_methods(nothing)
 
 
 def test_tree_variants_share_the_model_with_their_own_drafter():

@@ -200,4 +200,4 @@ def test_calc_prints_what_was_asked_not_a_rounding_of_it(capsys):
     code, out, _ = run(capsys, "calc", "-k", "1000000")
     assert "speedup                    3.33e-05x" in out
     code, out, _ = run(capsys, "calc", "-k", "0")
-    assert "P(full burst of 1 token)  1.0000" in out
+    assert "P(full burst of 1 token)   1.0000" in out  # its column lines up with the rows above

@@ -23,6 +23,9 @@ def folder(tmp_path_factory):
 def test_device_names():
     assert resolve_device(None) == torch.device("cpu")
     assert resolve_device(" CPU ") == torch.device("cpu")
+    assert resolve_device(torch.device("cpu")) == torch.device("cpu")
+    with pytest.raises(SpecdecError, match="unknown device 0"):  # torch reads 0 as cuda:0: it loaded on the CPU
+        resolve_device(0)
     for bad in ("tpu", "cpu:1", "cuda:x", "cuda:-1", ""):
         if bad == "":
             continue  # empty means the default

@@ -481,6 +481,8 @@ def test_export_then_import_drafts_the_same(env, tmp_path, monkeypatch, capsys):
                  "--out", str(tmp_path / "out")]) == 0
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == DRAFT_VOCAB
+    modes = {f: (tmp_path / "out" / f).stat().st_mode & 0o777 for f in ("config.json", "model.safetensors")}
+    assert modes["model.safetensors"] == modes["config.json"], modes  # safetensors alone wrote 0600: unreadable to vLLM
     from transformers import AutoConfig  # what vLLM and SGLang parse config.json with
 
     hf = AutoConfig.from_pretrained(tmp_path / "out")

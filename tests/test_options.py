@@ -5,7 +5,7 @@ import pytest
 
 from specdec.errors import SpecdecError
 from specdec.options import (GenerationOptions, LookaheadConfig, OptionError, check_exit_layer, check_prompt,
-                             check_setup, check_sources)
+                             check_setup, check_sources, check_tree)
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +102,16 @@ def test_tree_and_heads_are_checked_before_anything_loads(tmp_path, capsys):
         check_setup(heads=str(tmp_path / "nothing"))
     with pytest.raises(OptionError, match="no such file"):  # the builders compare names as given: so does the check
         check_setup(method="medusa", tree=" chain ")
+    with pytest.raises(OptionError, match="Medusa drafts an auto"):  # a hybrid's source: also before loading
+        check_setup(method="hybrid", sources="prompt-lookup,medusa", tree="static")
+    with pytest.raises(OptionError, match="EAGLE drafts"):
+        check_setup(method="hybrid", sources="eagle,prompt-lookup", tree=str(paths))
+    for heads in (123, ""):
+        with pytest.raises(OptionError, match="no such folder"):
+            check_setup(heads=heads)
+    assert check_tree(paths) == str(paths)  # a Path is a file name
+    assert main(["bench", "--prompts", "spec-bench", "--out", ""]) == 2
+    assert "--out is empty" in capsys.readouterr().err
     assert main(["generate", "hi", "--model", "no-such-model", "--method", "medusa", "--tree", "x.json"]) == 2
     assert "tree 'x.json': no such file" in capsys.readouterr().err  # before the unknown model is looked up
     assert main(["bench", "--prompts", "spec-bench", "--methods", "medusa@static", "--out", str(tmp_path / "b")]) == 2
@@ -191,3 +201,18 @@ def test_unknown_keyword_is_an_option_error(llm):
             list(call("hi", n=2))  # generate and chunks raise at the call, stream at its first item
     with pytest.raises(OptionError, match="unknown options 'bogus', 'logprobs'"):
         llm.generate("hi", logprobs=1, bogus=True)
+
+
+def test_the_api_checks_a_tree_against_its_method_before_the_heads_load(tmp_path):
+    """`LLM(tree=...)` cannot know the method; `generate(method=...)` checks it first (an OptionError, not the
+    heads' loader failing to read 'dynamic' as a paths file), for a hybrid's sources too."""
+    from specdec.api import LLM
+    from tests.tiny import save_tiny
+
+    llm = LLM(str(save_tiny("qwen2", tmp_path / "m")), dtype="fp32", tree="dynamic",
+              sources="prompt-lookup,medusa")
+    for method in ("medusa", "hybrid"):
+        with pytest.raises(OptionError, match="Medusa drafts an auto"):
+            llm.generate([1, 2, 3], method=method, max_new_tokens=2)
+    with pytest.raises(OptionError, match="unknown device"):
+        LLM(str(tmp_path / "m"), device=0)

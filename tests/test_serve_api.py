@@ -164,6 +164,7 @@ def test_sse_framing(tiny, live):
     ({"logprobs": 2}, "leave it out or send null or false"),  # an unsupported field at its neutral value only
     ({"presence_penalty": 0.5}, "field 'presence_penalty' is not supported"),
     ({"seed": -1}, "seed"),
+    ({"prompt": None}, "prompt"),  # a required field sent as null: refused as the wrong type, not "missing"
     ({"seed": 2**64}, "seed"),
 ])
 def test_bad_requests_get_400(tiny, live, change, words):
@@ -194,6 +195,8 @@ def test_openai_error_codes_and_neutral_fields(tiny, client, live):
     nulls = dict(speculation=None, priority=None, top_p=None, top_k=None, min_p=None, seed=None, stop=None)
     assert client.completions.create(model=folder, prompt="abc", max_tokens=4, temperature=0,
                                      extra_body=nulls).choices[0].text == plain.choices[0].text  # null: the default
+    assert client.completions.create(model=folder, prompt="abc", max_tokens=4, temperature=0, extra_body=dict(
+        speculation={"k": None, "method": None})).choices[0].text == plain.choices[0].text  # nested nulls too
     r = httpx.post(live.url + "/v1/completions", json={"model": folder, "prompt": "abc", "max_tokens": 2,
                                                        "seed": 2**64 - 1})
     assert r.status_code == 200, r.text  # the largest seed SamplingParams takes

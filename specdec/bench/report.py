@@ -150,6 +150,11 @@ def machine_info() -> dict:
                 platform=platform.platform(), load_avg=[round(x, 2) for x in load] if load else None)
 
 
+def _count(n: int, noun: str) -> str:
+    """'1 prompt', '3 prompts'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -209,8 +214,8 @@ def results_markdown(rows: Sequence[dict], meta: dict) -> str:
         + (f"; memory read bandwidth {m['memory_gbs'][0]:.0f} GB/s before the run, {m['memory_gbs'][1]:.0f} after "
            "(it drifts on shared hosts: compare methods within one run)" if m.get("memory_gbs") else ""),
         f"- dtype: {meta['dtype']}" + (f", matmul path {meta['matmul']}" if meta.get("matmul") else "")
-        + (f", attention {meta['attention']}" if meta.get("attention") else "") + f"; prompts: {meta['prompts']} ({meta['n_prompts']} prompts, "
-        f"{meta['n_turns']} turns, limit {s['limit'] or 'none'} per category)",
+        + (f", attention {meta['attention']}" if meta.get("attention") else "") + f"; prompts: {meta['prompts']} ({_count(meta['n_prompts'], 'prompt')}, "
+        f"{_count(meta['n_turns'], 'turn')}, limit {s['limit'] or 'none'} per category)",
         f"- decoding: " + ("greedy" if greedy else f"temperature {s['temperature']}, top-p {s['top_p']}, "
                                                    f"top-k {s.get('top_k', 0)}, min-p {s.get('min_p', 0.0)}, seed {s['seed']}")
         + f", max new tokens {s['max_new_tokens']}, k {s['k']}",
@@ -236,6 +241,8 @@ def check_out(out: str | Path, names: Sequence[str] = OUTPUTS) -> Path:
     nothing behind: a folder made to test the path is removed again (the results make it)."""
     from specdec.errors import SpecdecError
 
+    if not str(out).strip():  # Path("") is the current folder: never a silent default
+        raise SpecdecError("--out is empty: name a folder")
     out = Path(out).expanduser()
     if out.exists() and not out.is_dir():
         raise SpecdecError(f"--out {out} is a file, not a folder: choose a folder for {', '.join(names)}")

@@ -81,15 +81,18 @@ def parse_methods(spec: str | Sequence[str]) -> list[str]:
     side by side in one run); without it the method takes `--tree`."""
     names = [m.strip() for m in (spec.split(",") if isinstance(spec, str) else spec) if m.strip()]
     known = available_methods()
+    if not names:
+        raise SpecdecError(f"--methods names no method: choose from {', '.join(known)}")
     unknown = [m for m in names if m.split("@")[0] not in known]
     if unknown:
         raise SpecdecError(f"unknown method{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}: "
                            f"choose from {', '.join(known)}")
     for m in names:
-        base, _, tree = m.partition("@")
-        if tree and tree not in TREE_METHODS.get(base, ()):
-            raise SpecdecError(f"{m!r}: " + (f"{base} trees are {', '.join(TREE_METHODS[base])}" if base in TREE_METHODS
-                                             else f"only {' and '.join(TREE_METHODS)} take '@TREE'"))
+        base, at, tree = m.partition("@")
+        if at and tree not in TREE_METHODS.get(base, ()):  # 'eagle@' names no tree; a paths file goes in --tree
+            raise SpecdecError(f"{m!r}: " + (f"{base} trees are {', '.join(TREE_METHODS[base])}"
+                                             + (" (a Medusa paths file: --tree FILE)" if base == "medusa" else "")
+                                             if base in TREE_METHODS else f"only {' and '.join(TREE_METHODS)} take '@TREE'"))
     return list(dict.fromkeys(["plain"] + names))
 
 

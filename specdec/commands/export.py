@@ -40,7 +40,10 @@ def run_eagle(args) -> int:
     from specdec.runtime.config import ModelConfig
     from specdec.store import resolve
 
+    from specdec.options import check_setup
+
     out = check_out(args.out, ("config.json", "model.safetensors"))  # a folder that takes files, before loading
+    check_setup(heads=args.heads)
     again = (out / "config.json").exists()
     if again or (out / "model.safetensors").exists():
         import json

@@ -347,12 +347,10 @@ class EagleHead(nn.Module):
 
     def save(self, folder: str | Path) -> Path:
         """model.safetensors + config.json (config last: its presence means the folder is complete)."""
-        from safetensors.torch import save_file
+        from specdec.store import write_safetensors
 
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
-        save_file(state, str(folder / WEIGHTS))
+        write_safetensors(folder / WEIGHTS, {k: v.detach() for k, v in self.state_dict().items()})
         (folder / CONFIG).write_text(json.dumps(self.cfg.to_hf(), indent=2))
         return folder
 

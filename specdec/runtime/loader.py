@@ -57,6 +57,10 @@ DEVICES = ("cpu", "cuda")  # what --device accepts ("cuda:N" picks a GPU)
 def resolve_device(name: str | None) -> torch.device:
     """`--device`: "cpu" (the default) or "cuda"/"cuda:N", torch's own kernels on a GPU. One clear error when
     the name is unknown or torch sees no such GPU."""
+    if isinstance(name, torch.device):
+        name = str(name)
+    if name is not None and not isinstance(name, str):  # torch reads 0 as cuda:0; say so rather than guess
+        raise SpecdecError(f"unknown device {name!r}: choose 'cpu', 'cuda' or 'cuda:N' (a string)")
     name = (name or "cpu").strip().lower()
     kind, _, index = name.partition(":")
     if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):

@@ -77,6 +77,16 @@ def _neutral(value, allowed) -> bool:
 class Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
+    @model_validator(mode="before")
+    @classmethod
+    def null_is_default(cls, data):
+        """A field of ours sent as null takes its default, as OpenAI reads null ("temperature": null is 1,
+        "speculation": {"k": null} is "auto"); a required one stays, and is refused as the wrong type."""
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if not (v is None and k in cls.model_fields
+                                                            and not cls.model_fields[k].is_required())}
+        return data
+
 
 class Speculation(Body):
     method: str | None = None  # None: the server's --method
@@ -107,11 +117,9 @@ class Common(Body):
     @classmethod
     def drop_neutral(cls, data):
         """Unsupported fields at their neutral values (`NEUTRAL`) ask for nothing: drop them; any other value
-        stays, and is refused as an unknown field. A field of ours sent as null takes its default, as OpenAI
-        reads null ("temperature": null is 1, "speculation": null is "auto")."""
+        stays, and is refused as an unknown field."""
         if isinstance(data, dict):
-            data = {k: v for k, v in data.items() if not (k in NEUTRAL and _neutral(v, NEUTRAL[k]))
-                    and not (v is None and k in cls.model_fields)}
+            data = {k: v for k, v in data.items() if not (k in NEUTRAL and _neutral(v, NEUTRAL[k]))}
         return data
 
 

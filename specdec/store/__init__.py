@@ -135,6 +135,27 @@ def write_json(path: Path, data) -> Path:
     return path
 
 
+def write_safetensors(path: Path, tensors: dict, metadata: dict | None = None) -> Path:
+    """Write a safetensors file atomically, readable as any file this process makes (the umask's mode, where
+    safetensors' own writer leaves 0600: a vLLM running as another user could not read an exported head)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
 def model_dir(name: str) -> Path:
     return home() / "models" / name
 

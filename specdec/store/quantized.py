@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -190,7 +189,7 @@ def cache_path(folder: Path, fmt: str) -> Path:
 
 
 def _save(path: Path, weights: dict[str, list[Q.QWeight]], meta: dict) -> None:
-    from safetensors.torch import save_file
+    from specdec.store import write_safetensors
 
     tensors, parts = {}, {}
     for name, ps in weights.items():
@@ -199,16 +198,7 @@ def _save(path: Path, weights: dict[str, list[Q.QWeight]], meta: dict) -> None:
             tensors[f"{name}.{j}.data"], tensors[f"{name}.{j}.scales"] = p.data, p.scales
             if p.mins is not None:
                 tensors[f"{name}.{j}.mins"] = p.mins
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={"layout": LAYOUT, "parts": json.dumps(parts), **meta})
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_safetensors(path, tensors, metadata={"layout": LAYOUT, "parts": json.dumps(parts), **meta})
 
 
 def _load(path: Path) -> tuple[dict[str, list[Q.QWeight]], dict] | None:

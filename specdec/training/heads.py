@@ -89,13 +89,10 @@ def find(model: str, kind: str, given: str | Path | None = None) -> Path:
 
 def save(folder: str | Path, tensors: dict[str, torch.Tensor], config: dict) -> Path:
     """Write the tensors and the config (config last: its presence means the folder is complete)."""
-    from safetensors.torch import save_file
+    from specdec.store import write_safetensors
 
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / (WEIGHTS + ".tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-    os.replace(tmp, folder / WEIGHTS)
+    write_safetensors(folder / WEIGHTS, tensors)
     tmp = folder / (CONFIG + ".tmp")
     tmp.write_text(json.dumps({"format": FORMAT, **config}, indent=2))
     os.replace(tmp, folder / CONFIG)
