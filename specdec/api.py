@@ -66,7 +66,7 @@ class LLM:
         self.exit_layer = check_exit_layer(exit_layer, self.model.cfg.num_layers)
         self.sources = sources
         self.lookahead = LookaheadConfig.of(lookahead)
-        self.heads, self.tree, self.tree_nodes = heads, check_tree(tree), tree_nodes  # Medusa/EAGLE: heads, tree, size
+        self.heads, self.tree, self.tree_nodes = heads, str(tree), tree_nodes  # Medusa/EAGLE (checked above; a Path too)
         self._medusa = None
         self._eagle = None
         self._recycling = None
