@@ -104,7 +104,8 @@ def plot_rounds(path, alpha: float = 0.7, k: int = 4) -> str:
     ax.set_xticks(n)
     ax.set_xlabel("tokens emitted in one round")
     ax.set_ylabel("probability")
-    ax.set_title(f"Tokens per round at alpha = {alpha:g}, k = {k}: bursty, not metronomic")
+    shape = "bursty, not metronomic" if 0 < alpha < 1 and k > 0 else "the same every round"  # alpha 0 or 1: no spread
+    ax.set_title(f"Tokens per round at alpha = {alpha:g}, k = {k}: {shape}")
     ax.legend(handles, labels, fontsize=8)
     return _save(fig, path)
 

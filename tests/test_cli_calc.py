@@ -201,3 +201,14 @@ def test_calc_prints_what_was_asked_not_a_rounding_of_it(capsys):
     assert "speedup                    3.33e-05x" in out
     code, out, _ = run(capsys, "calc", "-k", "0")
     assert "P(full burst of 1 token)   1.0000" in out  # its column lines up with the rows above
+
+
+@pytest.mark.parametrize("alpha, k, shape", [(0.7, 4, "bursty"), (1.0, 4, "the same every round"),
+                                              (0.0, 4, "the same every round"), (0.7, 0, "the same every round")])
+def test_the_rounds_plot_calls_rounds_bursty_only_when_they_are(tmp_path, monkeypatch, alpha, k, shape):
+    from specdec import plots
+
+    titles = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: titles.append(fig.axes[0].get_title()) or str(path))
+    plots.plot_rounds(tmp_path / "r.png", alpha=alpha, k=k)
+    assert shape in titles[0]

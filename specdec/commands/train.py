@@ -30,7 +30,7 @@ def add_corpus_args(p) -> None:
                    help="self-distillation: the target answers each conversation's first user turn greedily "
                         "(up to --max-len tokens in all) and the heads learn from its own answers, not the "
                         "corpus's (HASS, EAGLE-3's released recipe)")
-    p.add_argument("--device", default="cpu",
+    p.add_argument("--device", default="cpu", metavar="cpu|cuda[:N]",
                    help="where the target runs over the corpus (EAGLE: and where its head trains): cpu (default; fp32 "
                         "target) or cuda / cuda:N (bf16 target, batched)")
 
