@@ -172,3 +172,22 @@ def test_batches_stay_eager(model, monkeypatch):
 
     monkeypatch.setattr(cuda_graphs, "forward", graphed)
     torch.testing.assert_close(model(tokens, cache).logits, want)
+
+
+def test_a_grown_cache_drops_its_old_graphs_and_leaves_the_pool_when_let_go(model, monkeypatch):
+    """A drafter's cache may `grow` (new tensors): graphs of the old tensors go, and once nobody holds the grown
+    cache (its length no multiple of the rounding) the pool lets it go instead of keeping it forever."""
+    monkeypatch.setattr(cuda_graphs, "enabled", lambda m: True)
+    model.__dict__.pop("cache_pool", None)
+    cache = model.new_cache(100)
+    model.prefill([1, 2, 3], cache)
+    cuda_graphs.forward(model, torch.tensor([[4]]), cache, range(3, 4), None, (), False)
+    cache.grow(cuda_graphs.CACHE_ROUND + 5)
+    cuda_graphs.forward(model, torch.tensor([[5]]), cache, range(4, 5), None, (), False)
+    assert len(cache.graphs) == 1 and next(iter(cache.graphs))[2] == cache.k[0].data_ptr()
+    held = model.new_cache(100)
+    assert held is not cache and len(model.cache_pool) == 2
+    del cache
+    model.new_cache(5000)
+    assert held in model.cache_pool and len(model.cache_pool) == 2  # the grown one went, a 5120-slot one came
+    model.__dict__.pop("cache_pool")

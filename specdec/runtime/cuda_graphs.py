@@ -131,6 +131,7 @@ def new_cache(model, max_len: int) -> KVCache:
     (CPython's reference count), so a cache in use is never handed out twice."""
     size = -(-max_len // CACHE_ROUND) * CACHE_ROUND
     caches = model.__dict__.setdefault("cache_pool", [])
+    caches[:] = [c for c in caches if c.max_len % CACHE_ROUND == 0 or sys.getrefcount(c) > 3]  # grown, then let go
     for i in range(len(caches)):
         if caches[i].max_len == size and sys.getrefcount(caches[i]) == 2:  # the list's reference and the call's
             caches[i].reset()
@@ -155,6 +156,8 @@ def forward(model, tokens: torch.Tensor, cache, positions, mask: torch.Tensor | 
     key = (w, tuple(sorted(hidden_layers)), cache.k[0].data_ptr())  # `grow` moves the tensors: capture again
     graph = graphs.get(key)
     if graph is None:
+        for old in [k for k in graphs if k[2] != key[2]]:  # graphs of the tensors before a `grow`
+            del graphs[old]
         graph = graphs[key] = Graph(model, w, cache.max_len, key[1], capture=model.device.type == "cuda")
     graph.inputs.fill(tokens, start, positions, mask)
     logits, hidden = graph.run(cache)
