@@ -53,6 +53,7 @@ def test_ctrl_c_keeps_what_generate_wrote(folder, capsys, monkeypatch, as_json):
     if as_json:
         got = json.loads(out)
         assert got["text"] == "Hello" and got["token_ids"] == [5, 6, 7] and got["finish_reason"] == "interrupted"
+        assert got["seconds"] >= 0 and got["dtype"] and "tokens_per_s" in got  # the keys a full run has, where known
         assert got["new_tokens"] == 3 and got["model"] == folder and got["method"] == "plain"  # tokens, not chunks
     else:
         assert out == "Hello\n" and "interrupted after 3 tokens" in err

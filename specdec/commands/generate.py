@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 
 DTYPES = ["auto", "fp32", "bf16", "q8", "q4"]
@@ -189,7 +190,7 @@ def run(args) -> int:
     from specdec.api import LLM
 
     llm = LLM(args.model, dtype=args.dtype, device=args.device, kv_dtype=args.kv_dtype, datastore=args.datastore, **setup, **medusa_kwargs(args))
-    result, text, tokens = None, [], []
+    result, text, tokens, t0 = None, [], [], time.perf_counter()
     try:
         for chunk in llm.chunks(prompt, **kwargs):
             if not args.json and chunk.text:
@@ -199,8 +200,11 @@ def run(args) -> int:
             result = chunk.result or result
     except KeyboardInterrupt:  # Ctrl-C: what was generated so far stays, on its own line or as JSON
         if args.json:
-            print(json.dumps(dict(text="".join(text), token_ids=tokens, new_tokens=len(tokens),
-                                  finish_reason="interrupted", model=args.model, method=args.method), indent=2))
+            seconds = time.perf_counter() - t0
+            print(json.dumps(dict(text="".join(text), token_ids=tokens, new_tokens=len(tokens), seconds=seconds,
+                                  tokens_per_s=len(tokens) / seconds if seconds > 0 else 0.0,
+                                  finish_reason="interrupted", model=args.model, method=args.method,
+                                  dtype=str(llm.dtype).replace("torch.", "")), indent=2))
         else:
             print(flush=True)
             print(f"[interrupted after {len(tokens)} tokens]", file=sys.stderr)
