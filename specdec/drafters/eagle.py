@@ -38,6 +38,7 @@ from specdec.drafters.base import Context, Drafter
 from specdec.drafters.eagle_head import EagleHead
 from specdec.drafters.medusa import TreeLayout, calibrated_paths, chain
 from specdec.errors import SpecdecError
+from specdec.options import check_tree
 from specdec.runtime import kernels
 from specdec.runtime.kernels import quant
 from specdec.runtime.config import ModelConfig
@@ -259,8 +260,7 @@ def build(llm, heads_dir: str | None = None, tree: str = "auto", tree_nodes: int
     the probe's budget), 'dynamic' (EAGLE-2), 'static' or 'chain'; N nodes = `tree_nodes`, else the positions
     one forward evaluates for about the cost of one (`specdec probe`), less the root, at least MIN_NODES (for a
     chain: its depth, at most DEPTH)."""
-    if tree != "auto" and tree not in TREES:
-        raise SpecdecError(f"--tree {tree}: EAGLE drafts an auto (the default), dynamic, static or chain tree")
+    check_tree(tree, "eagle")  # the same check `specdec.LLM` makes before the head loads
     if tree_nodes is not None and tree_nodes < 1:
         raise SpecdecError(f"--tree-nodes must be at least 1, got {tree_nodes}")
     head = find_head(llm.name, llm.folder, llm.model.cfg, heads_dir)
