@@ -225,8 +225,10 @@ def measure(model: Transformer, name: str = "", context: int = 256, sizes=SIZES,
     prompt = torch.randint(0, model.cfg.vocab_size, (context,), generator=gen).tolist()
     model.prefill(prompt, cache)  # warms up; the second prefill is timed
     cache.rewind(context)
+    wait(model.device)
     t0 = time.perf_counter()
     model.prefill(prompt, cache)
+    wait(model.device)
     prefill = context / (time.perf_counter() - t0)
     tokens = {n: torch.randint(0, model.cfg.vocab_size, (1, n), generator=gen) for n in sizes}
     times: dict[int, list[float]] = {n: [] for n in sizes}
@@ -234,6 +236,7 @@ def measure(model: Transformer, name: str = "", context: int = 256, sizes=SIZES,
         for n in sizes:
             t0 = time.perf_counter()
             model(tokens[n], cache)
+            wait(model.device)
             dt = time.perf_counter() - t0
             cache.rewind(n)
             if i:
@@ -251,6 +254,14 @@ def measure(model: Transformer, name: str = "", context: int = 256, sizes=SIZES,
                        load=load.share(), matmul=matmul_path(model), prefill_tokens_per_s=prefill,
                        prefill_path=prefill_path(model), attention=attention_path(model),
                        cpu=cpu_model(), cpu_flags=cpu_flags(), gpu=gpu_name(model.device))
+
+
+def wait(device: torch.device) -> None:
+    """Wait for the work queued on a GPU, so a timing counts it: a forward returns once its kernels are queued
+    (a CUDA graph's replay is one launch), and an unsynchronized t(n) would time the host and part of n - 1's
+    work (session 32's H200 probe read t(2) = 2.26 t(1) where the step alone was 1.25)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def gpu_name(device: torch.device) -> str:

@@ -145,3 +145,37 @@ def test_the_curve_is_the_median_of_each_sweeps_ratios():
     assert probe_mod.sweep_curve(times) == {1: 1.0, 2: pytest.approx(1.1), 4: pytest.approx(1.5)}
     raw = {n: sorted(t)[1:3] for n, t in times.items()}  # the raw medians' middle pair
     assert sum(raw[2]) / 2 < sum(raw[1]) / 2  # what measuring size by size risked
+
+
+def test_a_gpu_probe_times_the_queued_work_not_only_its_launch(tiny_folder, monkeypatch):
+    """On a GPU a forward returns once its kernels are queued; the probe waits for them inside each timing.
+    Here the 'GPU' runs n positions in 20 ms x n, done only when the host synchronizes: the curve must say so
+    (without the wait every t(n) reads as the host's launch time, and t(2) could even take t(1)'s work)."""
+    model = load_transformer(tiny_folder, torch.float32)
+    queued = []
+
+    class OnGPU:
+        device = torch.device("cuda", 0)
+
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+        def __call__(self, tokens, cache):
+            queued.append(tokens.shape[1])
+            return model(tokens, cache)
+
+        def prefill(self, prompt, cache):
+            queued.append(1)
+            return model.prefill(prompt, cache)
+
+    def synchronize(device):
+        time.sleep(0.02 * sum(queued))
+        queued.clear()
+
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "a GPU")
+    monkeypatch.setattr(probe_mod, "measure_bandwidth", lambda *a, **k: 1.0)
+    r = probe_mod.measure(OnGPU(), "m", context=8, sizes=(1, 2, 4), repeats=2)
+    assert r.gpu == "a GPU"
+    assert 1.7 < r.relative[2] < 2.3 and 3.4 < r.relative[4] < 4.6, r.relative
+    assert r.budget == 1
