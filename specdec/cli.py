@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 from specdec import __version__
@@ -30,7 +31,19 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(sub)
+    parser.commands = sub.choices  # name -> its parser, for `in_cli_words`
     return parser
+
+
+def in_cli_words(message: str, parser: argparse.ArgumentParser) -> str:
+    """An error from the Python API in the command's words: a parameter's name (top_p) becomes its option's flag
+    (--top-p) where it has an underscore, or where it starts the message followed by "must" or a quoted value.
+    Example: "tree_nodes must be an integer >= 1 ..." -> "--tree-nodes must be an integer >= 1 ...";
+    "seed must be ..." -> "--seed must be ..."; "stop strings must be ..." stays."""
+    flags = {a.dest: max(a.option_strings, key=len) for a in parser._actions if a.option_strings}
+    message = re.sub(r"\b[a-z]+(?:_[a-z]+)+\b", lambda m: flags.get(m[0], m[0]), message)
+    name, _, rest = message.partition(" ")
+    return f"{flags[name]} {rest}" if name in flags and rest.startswith(("must", "'", '"')) else message
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except (SpecdecError, ValueError) as e:
-        print(f"specdec {args.command}: error: {e}", file=sys.stderr)
+        print(f"specdec {args.command}: error: {in_cli_words(str(e), parser.commands[args.command])}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

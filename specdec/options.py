@@ -88,10 +88,14 @@ def check_prompt(prompt, vocab_size: int | None = None) -> str | list[int]:
 
 # --- generation options ---------------------------------------------------------------------------------
 
+K_MAX = 1000  # the longest draft a round may ask for (and `specdec calc`'s longest k)
+
+
 def check_k(k) -> int | str:
-    if k == "auto" or (is_int(k) and k >= 0):
+    """'auto' or a draft length 0..K_MAX."""
+    if k == "auto" or (is_int(k) and 0 <= k <= K_MAX):
         return k
-    raise OptionError(f"k must be a non-negative integer or 'auto', got {k!r}")
+    raise OptionError(f"k must be an integer 0..{K_MAX} or 'auto', got {k!r}")
 
 
 def check_method(method) -> str:
@@ -284,5 +288,9 @@ def check_setup(*, draft: str | None = None, sources: Sequence[str] | str = ("pr
         check_tree(tree, m)
     check_exit_layer(exit_layer)
     LookaheadConfig.of(lookahead)
-    if draft is None and (method == "draft" or (method == "hybrid" and "draft" in names)):
+    if draft is None and method == "draft":
         raise OptionError(NEEDS_DRAFT)
+    if draft is None and method == "hybrid" and "draft" in names:
+        raise OptionError(f"hybrid's sources ({','.join(names)}; --sources, default prompt-lookup,draft) include "
+                          "draft, which needs a draft model: pass --draft NAME (e.g. qwen2.5-coder-0.5b) or sources "
+                          "without it, e.g. --sources prompt-lookup,recycling")

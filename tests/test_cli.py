@@ -60,11 +60,11 @@ def test_ctrl_c_keeps_what_generate_wrote(folder, capsys, monkeypatch, as_json):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--top-p", "0"], "top_p"),
-    (["--top-p", "1.5"], "top_p"),
+    (["--top-p", "0"], "--top-p must"),
+    (["--top-p", "1.5"], "--top-p must"),
     (["--temperature", "nan"], "temperature"),
     (["--temperature", "-1"], "temperature"),
-    (["--min-p", "2"], "min_p"),
+    (["--min-p", "2"], "--min-p"),
     (["--max-new-tokens", "100000"], "context"),
     (["--method", "draft"], "--draft"),
 ])
@@ -72,6 +72,53 @@ def test_bad_input_is_one_line(folder, capsys, args, message):
     assert main(["generate", "hi", "--model", folder] + args) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("k", ["1001", "-1", "x"])
+def test_k_outside_0_to_1000_is_refused_by_the_parser(capsys, k):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "hi", "--k", k])
+    assert e.value.code == 2 and f"k must be an integer 0..1000 or 'auto', got '{k}'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["--method", "recycling", "--tree-nodes", "3"],
+    ["--method", "hybrid", "--sources", "prompt-lookup,medusa", "--tree", "chain", "--heads", "/tmp"],
+    ["--method", "hybrid", "--sources", "lookahead,retrieval", "--no-pool", "--datastore", "/x"],
+    ["--method", "early-exit", "--exit-layer", "2"], ["--method", "plain"],
+])
+def test_flags_a_method_reads_are_taken(argv):
+    from specdec.cli import build_parser
+    from specdec.commands.generate import check_flags_read
+
+    args = build_parser().parse_args(["generate", "hi"] + argv)
+    check_flags_read(args, [args.method])
+
+
+def test_bench_takes_draft_for_hf_assisted_and_trees_after_at(folder, tmp_path, capsys, no_loading):
+    base = ["bench", "--model", folder, "--prompts", "humanevalfix", "--out", str(tmp_path / "b")]
+    assert main(base + ["--methods", "plain,prompt-lookup", "--draft", "x"]) == 2
+    assert "--draft is read only by draft" in capsys.readouterr().err
+    assert main(base + ["--methods", "recycling", "--tree", "chain"]) == 2
+    assert "--tree is read only" in capsys.readouterr().err
+    with pytest.raises(AssertionError, match="loaded before"):  # the checks pass: it goes on to load
+        main(base + ["--methods", "plain", "--draft", folder, "--compare-hf"])
+
+
+def test_api_errors_are_told_in_the_commands_words():
+    """The API's parameter names become the command's flags; other words stay."""
+    from specdec.cli import build_parser, in_cli_words
+
+    gen = build_parser().commands["generate"]
+    assert in_cli_words("top_p must be in (0, 1]", gen) == "--top-p must be in (0, 1]"
+    assert in_cli_words("seed must be an integer", gen) == "--seed must be an integer"
+    assert in_cli_words("tree 'x': no such file", gen) == "--tree 'x': no such file"
+    assert in_cli_words("needs posterior_threshold and posterior_alpha", gen) == \
+        "needs --posterior-threshold and --posterior-alpha"
+    assert in_cli_words("stop strings must be non-empty", gen) == "stop strings must be non-empty"  # --stop: 2nd word
+    assert in_cli_words("seed", gen) == "seed" and in_cli_words("the seed must", gen) == "the seed must"
+    assert in_cli_words("no_such_name must be", gen) == "no_such_name must be"
+    assert in_cli_words("top_p must", build_parser().commands["calc"]) == "top_p must"  # calc has no --top-p
 
 
 def test_unknown_model_lists_known_names(capsys):
@@ -83,7 +130,7 @@ def test_unknown_model_lists_known_names(capsys):
 def test_no_traceback_from_the_real_command(folder):
     r = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "hi", "--model", folder, "--top-p", "0"],
                        capture_output=True, text=True)
-    assert r.returncode == 2 and "Traceback" not in r.stderr and "top_p" in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "--top-p" in r.stderr
 
 
 def test_probe_json(folder, capsys, tmp_path, monkeypatch):
@@ -138,16 +185,24 @@ def no_loading(monkeypatch):
 @pytest.mark.parametrize("args, message", [
     (["", "--no-chat"], "empty"), ([""], "empty"), (["  \n"], "empty"),
     (["hi", "--seed", "18446744073709551616"], "2**64-1"), (["hi", "--seed", "-1"], "seed"),
-    (["hi", "--top-p", "0"], "top_p"), (["hi", "--temperature", "nan"], "temperature"),
+    (["hi", "--top-p", "0"], "--top-p"), (["hi", "--temperature", "nan"], "temperature"),
     (["hi", "--stop", ""], "stop"), (["hi", "--method", "draft"], "--draft"),
     (["hi", "--method", "hybrid", "--sources", "prompt-lookup,nosuch"], "nosuch"),
     (["hi", "--method", "early-exit", "--exit-layer", "x"], "exit layer"),
     (["hi", "--method", "lookahead", "--ngram", "1"], "ngram"),
     (["hi", "--method", "medusa", "--temperature", "0.7", "--acceptance", "typical", "--posterior-threshold", "-1"],
-     "posterior_threshold"),
-    (["hi", "--posterior-alpha", "nan"], "posterior_alpha"),
-    (["hi", "--method", "medusa", "--tree-nodes", "0"], "tree_nodes"),
+     "--posterior-threshold (epsilon)"),
+    (["hi", "--posterior-alpha", "nan"], "--posterior-alpha (delta)"),
+    (["hi", "--method", "medusa", "--tree-nodes", "0"], "--tree-nodes must"),
     (["hi", "--model", "/etc/hostname"], "is a file but not a model"),
+    (["hi", "--tree", "dynamic"], "--tree is read only by eagle and medusa"),  # was silently a plain run
+    (["hi", "--method", "recycling", "--tree", "chain"], "--tree is read only by eagle and medusa"),
+    (["hi", "--datastore", "/nonexist"], "--datastore is read only by retrieval"),
+    (["hi", "--method", "prompt-lookup", "--draft", "x"], "--draft is read only by draft"),
+    (["hi", "--method", "hybrid", "--sources", "prompt-lookup", "--window", "4"], "--window is read only"),
+    (["hi", "--no-pool"], "--no-pool"), (["hi", "--exit-layer", "2"], "--exit-layer"),
+    (["hi", "--sources", "prompt-lookup"], "--sources is read only by hybrid"),
+    (["hi", "--method", "lookahead", "--heads", "/tmp"], "--heads is read only by eagle and medusa"),
 ])
 def test_bad_input_refused_before_loading(folder, capsys, no_loading, args, message):
     assert main(["generate"] + args[:1] + ["--model", folder] + args[1:]) == 2

@@ -4,7 +4,7 @@ applies them: a stop string is one string, bools are not counts, bytes and bad t
 import pytest
 
 from specdec.errors import SpecdecError
-from specdec.options import (GenerationOptions, LookaheadConfig, OptionError, check_exit_layer, check_prompt,
+from specdec.options import (GenerationOptions, LookaheadConfig, OptionError, check_exit_layer, check_k, check_prompt,
                              check_setup, check_sources, check_tree)
 
 
@@ -62,6 +62,13 @@ def test_token_ids_inside_the_vocabulary():
             check_prompt(ids, vocab_size=96)
 
 
+def test_k_is_auto_or_0_to_1000():
+    assert [check_k(k) for k in ("auto", 0, 1000)] == ["auto", 0, 1000]
+    for bad in (-1, 1001, 10**6, 2.0, True, "4", None):
+        with pytest.raises(OptionError, match=r"k must be an integer 0\.\.1000 or 'auto'"):
+            check_k(bad)
+
+
 def test_setup_checks():
     assert check_sources("prompt-lookup, draft") == ["prompt-lookup", "draft"]
     with pytest.raises(OptionError, match="unknown hybrid source 'nosuch'"):
@@ -76,7 +83,8 @@ def test_setup_checks():
         check_exit_layer(4, layers=3)
     with pytest.raises(OptionError, match="--draft"):
         check_setup(method="draft")
-    with pytest.raises(OptionError, match="--draft"):
+    with pytest.raises(OptionError, match="include draft, which needs a draft model: pass --draft NAME .* or sources "
+                                          "without it, e.g. --sources prompt-lookup,recycling"):
         check_setup(method="hybrid")  # the default sources use a draft model
     check_setup(method="hybrid", sources="prompt-lookup,lookahead")
 

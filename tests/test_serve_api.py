@@ -146,6 +146,8 @@ def test_sse_framing(tiny, live):
     ({"frobnicate": None}, "unknown field 'frobnicate'"),  # null takes the default of our fields only
     ({"speculation": {"method": "plain", "x": 1}}, "unknown field 'speculation.x'"),
     ({"speculation": {"k": "4"}}, "speculation.k: Input should be a valid integer"),  # not "speculation.bool"
+    ({"speculation": {"k": -1}}, "speculation.k: Input should be greater than or equal to 0"),
+    ({"speculation": {"k": 1001}}, "speculation.k: Input should be less than or equal to 1000"),
     ({"prompt": ["a", "b"]}, "prompt is a string or a list of token ids"),
     ({"n": 2}, "n"),
     ({"max_tokens": 0}, "max_tokens"),

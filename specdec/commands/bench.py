@@ -140,7 +140,7 @@ def command_line(args) -> str:
 def run(args) -> int:
     from specdec.bench import prompts as P
     from specdec.bench import report, runner
-    from specdec.commands.generate import DTYPES, lookahead_arg
+    from specdec.commands.generate import DTYPES, check_flags_read, lookahead_arg
     from specdec.options import GenerationOptions, check_setup
 
     if args.limit is not None and args.limit < 1:
@@ -160,6 +160,7 @@ def run(args) -> int:
         name, _, tree = method.partition("@")
         check_setup(draft=args.draft, sources=args.sources, lookahead=lookahead_arg(args), method=name,
                     tree=tree or args.tree, tree_nodes=args.tree_nodes, heads=args.heads)
+    check_flags_read(args, [m.partition("@")[0] for m in methods], also={"--draft": args.compare_hf})
     report.check_out(args.out)
     cats = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     prompts = P.load_prompts(args.prompts, cats, args.limit)

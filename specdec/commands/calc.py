@@ -86,8 +86,10 @@ def _fixed(x: float, digits: int) -> str:
 def run(args: argparse.Namespace) -> int:
     # validate everything up front so errors name the argument, whichever output is asked for
     theory.speedup(args.alpha, args.k, args.tau)
-    if not 0 <= args.k_max <= 1000:
-        raise ValueError(f"--k-max must be in [0, 1000], got {args.k_max}")
+    from specdec.options import K_MAX
+
+    if not 0 <= args.k_max <= K_MAX:
+        raise ValueError(f"--k-max must be in [0, {K_MAX}], got {args.k_max}")
     if args.table:
         rows = table_rows(args.table, args.alpha, args.k, args.tau)
         if args.json:

@@ -137,6 +137,35 @@ def lookahead_arg(args):
     return LookaheadConfig(args.window, args.ngram, args.guesses, args.pool)
 
 
+READ_BY = {  # a method flag: its argparse dest, its default, and the methods that read it
+    "--draft": ("draft", None, {"draft"}),
+    "--datastore": ("datastore", None, {"retrieval"}),
+    "--exit-layer": ("exit_layer", "auto", {"early-exit"}),
+    "--sources": ("sources", "prompt-lookup,draft", {"hybrid"}),
+    "--window": ("window", None, {"lookahead"}),
+    "--ngram": ("ngram", None, {"lookahead"}),
+    "--guesses": ("guesses", None, {"lookahead"}),
+    "--no-pool": ("pool", True, {"lookahead"}),
+    "--heads": ("heads", None, {"medusa", "eagle"}),
+    "--tree": ("tree", "auto", {"medusa", "eagle"}),
+    "--tree-nodes": ("tree_nodes", None, {"medusa", "eagle", "recycling"}),
+}
+
+
+def check_flags_read(args, methods, also: dict[str, bool] | None = None) -> None:
+    """Refuse a method flag that none of `methods` reads (a hybrid reads its sources'), so that
+    `--method plain --tree dynamic` is an error, not a silently plain run. `also`: flags read for another reason
+    (bench's --draft by hf-assisted)."""
+    from specdec.options import OptionError, check_sources
+
+    reading = set(methods) | (set(check_sources(args.sources)) if "hybrid" in methods else set())
+    for flag, (dest, default, readers) in READ_BY.items():
+        if getattr(args, dest, default) != default and not reading & readers and not (also or {}).get(flag):
+            raise OptionError(f"{flag} is read only by {' and '.join(sorted(readers))} (or a hybrid with "
+                              f"{'it' if len(readers) == 1 else 'them'} as a source), and no method here is one: "
+                              f"drop {flag} or choose such a method")
+
+
 def read_prompt(arg: str) -> str:
     """The prompt argument, or standard input for '-' (read as bytes, so that bad UTF-8 is one clear line)."""
     from specdec.options import check_text, decode_utf8
@@ -146,15 +175,13 @@ def read_prompt(arg: str) -> str:
 
 
 def parse_k(value: str):
-    if value == "auto":
-        return value
+    """--k: 'auto' or a draft length that `options.check_k` takes."""
+    from specdec.options import K_MAX, check_k
+
     try:
-        k = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"k must be a non-negative integer or 'auto', got {value!r}") from None
-    if k < 0:
-        raise argparse.ArgumentTypeError(f"k must be a non-negative integer or 'auto', got {value!r}")
-    return k
+        return check_k(value if value == "auto" else int(value))
+    except ValueError:  # int()'s, or check_k's OptionError (a ValueError too)
+        raise argparse.ArgumentTypeError(f"k must be an integer 0..{K_MAX} or 'auto', got {value!r}") from None
 
 
 def register(sub) -> None:
@@ -185,6 +212,7 @@ def run(args) -> int:
     GenerationOptions(**kwargs)
     setup = dict(draft=args.draft, exit_layer=args.exit_layer, sources=args.sources, lookahead=lookahead_arg(args))
     check_setup(**setup, method=args.method, **medusa_kwargs(args))
+    check_flags_read(args, [args.method])
     prompt = read_prompt(args.prompt)
 
     from specdec.api import LLM

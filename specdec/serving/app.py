@@ -34,7 +34,7 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -46,6 +46,7 @@ from starlette.exceptions import HTTPException
 
 from specdec.decode import Request as DecodeRequest
 from specdec.errors import SpecdecError
+from specdec.options import K_MAX
 from specdec.sampling import SamplingParams
 from specdec.serving.engine import Engine, Event, Job
 
@@ -90,7 +91,7 @@ class Body(BaseModel):
 
 class Speculation(Body):
     method: str | None = None  # None: the server's --method
-    k: int | Literal["auto"] = "auto"
+    k: Annotated[int, Field(ge=0, le=K_MAX)] | Literal["auto"] = "auto"
 
 
 class StreamOptions(Body):
