@@ -72,7 +72,7 @@ def register(sub) -> None:
                    help=DTYPE_HELP + "; HF runs the same weights in the same dtype (bf16 for q8/q4)")
     p.add_argument("--kv-dtype", default="auto", choices=KV_DTYPES, help=KV_DTYPE_HELP)
     p.add_argument("--k", type=parse_k, default="auto", metavar="auto|N",
-                   help="draft length: auto (adaptive, the default) or a fixed N")
+                   help="draft length: auto (adaptive, the default) or a fixed N in 0..1000")
     p.add_argument("--device", default="cpu", metavar="cpu|cuda[:N]", help=DEVICE_HELP + " (--compare-hf runs "
                    "transformers on the same device; --compare-llamacpp runs on cpu only)")
     add_lookahead_args(p)

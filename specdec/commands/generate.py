@@ -67,7 +67,7 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
                         "a trained one-layer head drafts on the target's features, an EAGLE-2 dynamic tree "
                         "where verifying is wide, else a chain, --heads, --tree) (default plain)")
     g.add_argument("--k", default="auto", type=parse_k,
-                   help="draft length per round, or 'auto' (default): chosen each round from measured "
+                   help="draft length per round (0..1000), or 'auto' (default): chosen each round from measured "
                         "acceptance, draft cost and the verify-cost curve of `specdec probe`; 0 = plain steps")
     g.add_argument("--draft", default=None, metavar="NAME",
                    help="draft model for --method draft (same tokenizer as --model), e.g. qwen2.5-coder-0.5b")
