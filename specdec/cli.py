@@ -55,7 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except (SpecdecError, ValueError) as e:
-        print(f"specdec {args.command}: error: {in_cli_words(str(e), parser.commands[args.command])}", file=sys.stderr)
+        from specdec.options import OptionError  # the API's own checks name its parameters; others are left as they are
+
+        message = in_cli_words(str(e), parser.commands[args.command]) if isinstance(e, OptionError) else str(e)
+        print(f"specdec {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -121,6 +121,22 @@ def test_api_errors_are_told_in_the_commands_words():
     assert in_cli_words("top_p must", build_parser().commands["calc"]) == "top_p must"  # calc has no --top-p
 
 
+@pytest.mark.parametrize("error, shown", [
+    ("OptionError", "--top-p must be in (0, 1]"),  # the API's own option checks are told in flags
+    ("SpecdecError", "top_p must be in (0, 1]"),  # anything else as it was said (a server's 400 body, a file's text)
+])
+def test_only_option_errors_are_retold(monkeypatch, capsys, error, shown):
+    from specdec import errors, options
+    from specdec.commands import generate
+
+    def run(args):
+        raise getattr(options if error == "OptionError" else errors, error)("top_p must be in (0, 1]")
+
+    monkeypatch.setattr(generate, "run", run)
+    assert main(["generate", "hi"]) == 2
+    assert capsys.readouterr().err.strip() == f"specdec generate: error: {shown}"
+
+
 def test_unknown_model_lists_known_names(capsys):
     assert main(["generate", "hi", "--model", "no-such-model"]) == 2
     err = capsys.readouterr().err

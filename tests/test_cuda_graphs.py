@@ -191,3 +191,35 @@ def test_a_grown_cache_drops_its_old_graphs_and_leaves_the_pool_when_let_go(mode
     model.new_cache(5000)
     assert held in model.cache_pool and len(model.cache_pool) == 2  # the grown one went, a 5120-slot one came
     model.__dict__.pop("cache_pool")
+
+
+def test_no_garbage_collection_while_a_graph_captures(model, monkeypatch):
+    """torch no longer collects before a capture, so a collection during one could free a dead cycle's CUDA graph,
+    which invalidates the capture (session 32's H200: a test's dead LLMs). The capture runs with the collector off,
+    and it is back on afterwards, also when the capture fails. CUDA's calls are faked here: the CPU has none."""
+    import contextlib
+    import gc
+    from types import SimpleNamespace
+
+    seen = []
+
+    @contextlib.contextmanager
+    def graph(g, pool=None):
+        seen.append(gc.isenabled())
+        yield
+
+    stream = SimpleNamespace(wait_stream=lambda other: None)
+    for name, fake in dict(Stream=lambda: stream, stream=lambda s: contextlib.nullcontext(), graph=graph,
+                           current_stream=lambda: stream, graph_pool_handle=lambda: object(),
+                           CUDAGraph=lambda: SimpleNamespace(replay=lambda: None)).items():
+        monkeypatch.setattr(torch.cuda, name, fake)
+    cache = model.new_cache(16)
+    model.prefill([1, 5, 9], cache)
+    assert gc.isenabled()
+    cuda_graphs.Graph(model, 2, cache.max_len, (), capture=True).run(cache)
+    assert seen == [False] and gc.isenabled()
+    calls = []
+    monkeypatch.setattr(cuda_graphs, "static_forward", lambda *a: calls.append(1) or len(calls) > 1 and 1 / 0)
+    with pytest.raises(ZeroDivisionError):  # the warm-up runs, the capture fails
+        cuda_graphs.Graph(model, 2, cache.max_len, (), capture=True).run(cache)
+    assert gc.isenabled()

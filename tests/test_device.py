@@ -207,3 +207,34 @@ def test_cuda_graphs_replay_what_the_eager_forward_computes(folder, monkeypatch)
     del graphed, cache  # the loop variable held it too
     again = model.new_cache(64)
     assert again.graphs is captured and again.length == 0
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU on this machine")
+@pytest.mark.parametrize("mode", ["always", "never"])
+def test_the_server_engine_on_the_gpu_matches_the_cpu_in_fp32(folder, tmp_path, mode):
+    """`specdec serve --device cuda`: requests joining and leaving a batch on the GPU (packed eager steps, and a lone
+    request's steps replaying CUDA graphs), drafting with prompt lookup, recycling and EAGLE, each give plain decoding's
+    greedy tokens from the CPU (fp32)."""
+    from specdec.api import LLM
+    from specdec.decode import Request
+    from specdec.serving.engine import Engine, Job
+
+    heads = save_heads(folder, tmp_path)
+    cpu = LLM(str(folder), dtype="fp32", device="cpu")
+    prompts = [[1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9, 7, 8, 9, 7], [5] * 12, [11, 12, 13, 14, 15, 16, 11, 12, 13]]
+    plain = [cpu.generate(ids, max_new_tokens=16).token_ids for ids in prompts]
+    gpu = LLM(str(folder), dtype="fp32", device="cuda", heads=str(heads["eagle"]))
+    engine = Engine(gpu.model, gpu.tokenizer, budget=8, speculation=mode, max_batch=3, prefill_chunk=5,
+                    drafters={"recycling": gpu.drafter("recycling").fresh, "eagle": gpu.drafter("eagle").fresh})
+    methods = ["prompt-lookup", "recycling", "eagle", "plain"]
+    jobs = [Job(ids, Request(max_new_tokens=16), method=m, k=3) for ids, m in zip(prompts, methods)]
+    out = {j.id: [] for j in jobs}
+    for j in jobs:
+        j.on_event = lambda e, got=out[j.id]: got.extend(e.tokens)
+    pending, steps = list(jobs), 0
+    while pending or engine.busy:
+        if pending and steps % 3 == 0:
+            engine.submit(pending.pop(0))
+        engine.step()
+        steps += 1
+    assert [out[j.id] for j in jobs] == plain

@@ -1063,3 +1063,46 @@ def test_the_budget_gauge_reads_the_budget_before_any_step(tiny):
     curve = CostCurve({1: 1.0, 4: 1.05, 8: 1.6, 64: 8.0})  # no --budget: the probe's curve gives the line
     engine = Engine(model, tok, cost=curve)
     assert engine.line == 4 and "specdec_budget_positions 4.0" in engine.metrics.render().decode()
+
+
+# --- a step of one request on a GPU ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("drafter", ["prompt-lookup", "tree", "eagle"])
+def test_a_lone_request_steps_through_the_models_own_forward_as_on_a_gpu(tiny, tiny_folder, monkeypatch, drafter):
+    """On a GPU a step with one request and nothing to prefill runs that request's own forward (`Transformer.forward`,
+    which replays a CUDA graph there). Forced here on the CPU (one request at a time): chains, trees (offsets and
+    mask) and EAGLE's features still give single-request decode()'s tokens and drafts, through that path."""
+    from specdec.drafters.eagle import Eagle
+    from specdec.serving import batch
+    from tests.test_eagle import random_head
+
+    model, tok = tiny
+    own, taken = batch._own_forward, []
+    monkeypatch.setattr(batch, "on_a_gpu", lambda model: True)
+    monkeypatch.setattr(batch, "_own_forward", lambda *a: taken.append(a[1]) or own(*a))
+    template = Eagle(random_head(model, tiny_folder), model.embed, tree="dynamic", nodes=6)
+    base = {"prompt-lookup": PromptLookup, "tree": TinyTree, "eagle": template.fresh}[drafter]
+    logs = []
+
+    def make():  # the drafter, its proposals logged
+        d, log = base(), []
+        logs.append(log)
+        propose = d.propose
+        d.propose = lambda ctx, k: log.append(propose(ctx, k)) or log[-1]
+        return d
+
+    ids = [tok.encode(p, chat=False) for p in PROMPTS[:3]]
+    refs = [reference(model, tok, i, 20, make(), FixedK(3)).token_ids for i in ids]
+    ref_drafts = [[(d.tokens.tolist(), d.parents.tolist()) for d in log] for log in logs]
+    logs.clear()
+    engine = Engine(model, tok, budget=100, speculation="always", max_batch=1, prefill_chunk=5,
+                    drafters={"eagle": make})
+    engine.new_drafter = lambda method: make()
+    jobs = [Job(i, Request(max_new_tokens=20), method="eagle" if drafter == "eagle" else "prompt-lookup", k=3)
+            for i in ids]
+    events = run_engine(engine, jobs)
+    assert [[t for e in events[j.id] for t in e.tokens] for j in jobs] == refs
+    assert [[(d.tokens.tolist(), d.parents.tolist()) for d in log] for log in logs] == ref_drafts  # EAGLE: its features
+    assert len(taken) >= 3 * 10 and all(s.logits for s in taken)  # every decode step (prefill pieces: packed)
+    assert any(s.local is not None for s in taken) == (drafter != "prompt-lookup")  # trees went through it
+    assert any(s.features for s in taken) == (drafter == "eagle")

@@ -44,12 +44,13 @@ def register(sub) -> None:
                         "or its /v1 base URL (loopback only)")
     p.add_argument("--serve", type=modes_arg, default=None, metavar="MODES",
                    help="instead of --url: start `specdec serve --speculation MODE` for each of these modes "
-                        "(e.g. auto,always,never) with --model, --dtype, --budget, --max-batch and --method")
+                        "(e.g. auto,always,never) with --model, --dtype, --kv-dtype, --device, --budget, --max-batch and --method")
     p.add_argument("--model", default=None,
                    help="model name to request (default: the server's; with --serve: the model to serve, "
                         "default smollm2-135m)")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="with --serve: the weights' dtype")
     p.add_argument("--kv-dtype", default="auto", choices=KV_DTYPES, help="with --serve: the KV cache's dtype")
+    p.add_argument("--device", default="cpu", metavar="cpu|cuda[:N]", help="with --serve: the servers' --device")
     p.add_argument("--budget", default="auto", help="with --serve: the servers' --budget (default auto: the probe's)")
     p.add_argument("--max-batch", type=int, default=16, help="with --serve: the servers' --max-batch (default 16)")
     p.add_argument("--method", default="prompt-lookup", choices=["prompt-lookup", "recycling", "eagle"],
@@ -133,7 +134,7 @@ def start_server(args, mode: str) -> tuple[subprocess.Popen, str]:
 
     port = free_port()
     cmd = [sys.executable, "-m", "specdec.cli", "serve", "--model", args.model, "--dtype", args.dtype,
-           "--kv-dtype", args.kv_dtype, "--port", str(port), "--speculation", mode, "--budget", str(args.budget), "--max-batch", str(args.max_batch),
+           "--kv-dtype", args.kv_dtype, "--device", args.device, "--port", str(port), "--speculation", mode, "--budget", str(args.budget), "--max-batch", str(args.max_batch),
            "--method", args.method]
     proc = subprocess.Popen(cmd)
     url, end = f"http://127.0.0.1:{port}", time.time() + 900

@@ -18,7 +18,7 @@ def register(sub) -> None:
                                    "(--budget), interactive requests first. Ctrl-C stops it (in-flight requests get "
                                    "--grace seconds to finish, then are cancelled: a 503, or a stream ended by an error "
                                    "event and [DONE]).")
-    add_model_args(p, device=False)  # the batched forward runs on the CPU
+    add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
     p.add_argument("--speculation", default="auto", choices=["auto", "always", "never"],
@@ -94,7 +94,7 @@ def run(args) -> int:
         raise SpecdecError(f"--port must be in [0, 65535], got {args.port}")
     budget = budget_arg(args.budget)
     sock = listen(args.host, args.port)  # a busy port or a bad host: one line, before the model loads
-    llm = LLM(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype, heads=args.heads)
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, kv_dtype=args.kv_dtype, heads=args.heads)
     from specdec.drafters.recycling import Recycling
 
     # token recycling: one table for the server, a context per request; its tree sized by the budget

@@ -20,6 +20,8 @@ mask rows 0..2 = slots 0..39 plus the tree's ancestors, row 3 = slot 43 alone; l
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import sys
 from typing import Sequence
@@ -107,10 +109,25 @@ class Graph:
                 static_forward(self.model, self.inputs, cache, self.hidden_layers)
             torch.cuda.current_stream().wait_stream(stream)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=pool(cache)):
-                self.out = static_forward(self.model, self.inputs, cache, self.hidden_layers)
+            with no_collection():
+                with torch.cuda.graph(self.graph, pool=pool(cache)):
+                    self.out = static_forward(self.model, self.inputs, cache, self.hidden_layers)
         self.graph.replay()
         return self.out
+
+
+@contextlib.contextmanager
+def no_collection():
+    """Python's garbage collector off while a graph captures: torch no longer collects before a capture, so a collection
+    during one may free a dead cycle holding another cache's CUDA graph, and destroying a graph invalidates the
+    capture ("operation not permitted when stream is capturing"; session 32's H200, after a test's LLMs died)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def pool(cache):

@@ -14,6 +14,11 @@ request, over that request's own KV cache with its own mask, so requests never s
 The layer loop is `specdec.runtime.model.Block.forward` with attention (`Block.attend`) run per segment, the
 same modules and weights, so a segment's logits equal a single-request forward over the same positions up
 to the matmuls' summation order (test_serving checks this at fp32), and bit for bit on exact models.
+
+On a GPU the weights and caches live there and the rest on the host, as `Transformer.forward` keeps them: the
+inputs move to the device and the logits and features come back. A step with one request and nothing to
+prefill runs that request's own forward, which replays a CUDA graph (`runtime.cuda_graphs`), the server's
+usual step at low load; wider steps run eagerly.
 """
 
 from __future__ import annotations
@@ -40,15 +45,35 @@ class Segment:
         return len(self.tokens)
 
 
+def _mask(s: Segment, start: int) -> torch.Tensor | None:
+    """The segment's attention mask over its cache and new positions [1, n, start + n] (None: causal)."""
+    if s.local is None:
+        return None
+    mask = torch.ones(1, len(s), start + len(s), dtype=torch.bool)
+    mask[0, :, start:] = s.local
+    return mask
+
+
 def _plan(model: Transformer, s: Segment, start: int):
     """(mask, RowPlan) for one segment, as the model's own forward picks them (`Transformer.attention_plan`):
     exact models attend row by row as the model's forward does, so each segment stays bit-identical
-    to plain decoding."""
-    mask = None
-    if s.local is not None:
-        mask = torch.ones(1, len(s), start + len(s), dtype=torch.bool)
-        mask[0, :, start:] = s.local
-    return model.attention_plan(len(s), start, mask)
+    to plain decoding. The mask is on the model's device."""
+    mask, plan = model.attention_plan(len(s), start, _mask(s, start))
+    return (mask if mask is None else mask.to(model.device)), plan
+
+
+def on_a_gpu(model: Transformer) -> bool:
+    return model.device.type != "cpu"
+
+
+def _own_forward(model: Transformer, s: Segment, layers: tuple[int, ...]) -> list[torch.Tensor]:
+    """One segment through the model's own forward (on a GPU: a CUDA graph's replay)."""
+    start = s.cache.length
+    positions = None if s.offsets is None else (start + s.offsets)[None]
+    out = model(torch.tensor([s.tokens]), s.cache, positions, _mask(s, start), hidden_layers=layers if s.features else ())
+    if s.features and layers:
+        s.hidden = torch.cat([out.hidden[i][0] for i in layers], dim=-1)
+    return [out.logits[0]]
 
 
 @torch.inference_mode()
@@ -64,13 +89,16 @@ def packed_forward(model: Transformer, segments: list[Segment],
             raise ValueError("a segment needs at least one token")
         if start + len(s) > s.cache.max_len:
             raise ValueError(f"context overflow: {start + len(s)} positions exceed the cache's {s.cache.max_len}")
-    ropes = [model._rope(range(start, start + len(s)) if s.offsets is None else (start + s.offsets)[None])
+    if len(segments) == 1 and segments[0].logits and on_a_gpu(model):
+        return _own_forward(model, segments[0], layers)
+    device = model.device
+    ropes = [model._rope(range(start, start + len(s)) if s.offsets is None else (start + s.offsets.to(device))[None])
              for s, start in zip(segments, starts)]
     bounds, end = [], 0
     for s in segments:
         bounds.append((end, end + len(s)))
         end += len(s)
-    x = model.embed(torch.tensor([[t for s in segments for t in s.tokens]]))  # [1, N, D]
+    x = model.embed(torch.tensor([[t for s in segments for t in s.tokens]], device=device))  # [1, N, D]
     plans = [_plan(model, s, start) for s, start in zip(segments, starts)]
     wanted = set(layers) if any(s.features for s in segments) else set()
     kept: dict[int, torch.Tensor] = {}
@@ -92,11 +120,11 @@ def packed_forward(model: Transformer, segments: list[Segment],
     for s, start, (a, b) in zip(segments, starts, bounds):
         s.cache.length = start + len(s)
         if s.features and kept:
-            s.hidden = torch.cat([kept[i][a:b] for i in layers], dim=-1)
+            s.hidden = torch.cat([kept[i][a:b] for i in layers], dim=-1).cpu()
     rows = [i for s, (a, b) in zip(segments, bounds) if s.logits for i in range(a, b)]
     if not rows:
         return [None] * len(segments)
-    logits = model.lm_head(model.norm(x[:, rows])).float()[0]
+    logits = model.lm_head(model.norm(x[:, rows])).float()[0].cpu()
     out, at = [], 0
     for s in segments:
         if s.logits:
