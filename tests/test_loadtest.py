@@ -80,17 +80,27 @@ def test_every_request_refused_stops_with_the_servers_reason(tmp_path, capsys, m
     server's own message (before: a table of zeros for every level, exit status 0, the reason only in the JSON)."""
     from specdec.cli import main
 
+    said = []
+
     async def level(url, model, prompts, c, requests, *a, **kw):
-        errors = ['RuntimeError: HTTP 404: {"error": {"message": "model nosuch not found"}}'] * requests
+        errors = [said[-1]] * requests
         run = dict(requests=requests, done=[], errors=errors, seconds=0.1, ratios={},
                    server=dict.fromkeys([*L.SERVER_COUNTERS, *(f"arm_{a}" for a in L.ARMS)], 0.0))
         return L.pooled(c, [run])
 
     monkeypatch.setattr(L, "run_level", level)
+    said.append('RuntimeError: HTTP 404: {"error": {"message": "model nosuch not found"}}')
     assert main(["loadtest", "--url", "http://127.0.0.1:9", "--model", "nosuch", "--concurrency", "1,2",
                  "--requests", "2", "--out", str(tmp_path / "lt")]) == 2
     err = capsys.readouterr().err
     assert "refused every request at concurrency 1: HTTP 404" in err and "not found" in err
+    assert err.rstrip().endswith("(check --model and --api-key)")
+    said.append('RuntimeError: HTTP 400: {"error": {"message": "the prompt (371 tokens) and max_tokens (12) exceed '
+                "the model's context of 256 tokens\"}}")
+    assert main(["loadtest", "--url", "http://127.0.0.1:9", "--model", "m", "--concurrency", "1", "--requests", "2",
+                 "--out", str(tmp_path / "lt2")]) == 2  # the prompts do not fit: --model and --api-key are not why
+    assert capsys.readouterr().err.rstrip().endswith("(check --prompts and --max-tokens: the prompts must fit the "
+                                                     "model's context)")
 
 
 def test_one_request_times_chunk_gaps_and_the_time_per_output_token():
@@ -118,3 +128,14 @@ def test_one_request_times_chunk_gaps_and_the_time_per_output_token():
     level = L.pooled(1, [dict(requests=1, done=[d], errors=[], seconds=1.0, ratios={},
                               server=dict.fromkeys([*L.SERVER_COUNTERS, *(f"arm_{a}" for a in L.ARMS)], 0.0))])
     assert level["tpot_p50"] == d["tpot"] and "TPOT p50 ms" in L.markdown([level], "t")
+
+
+@pytest.mark.parametrize("argv, said", [(["--max-batch", "4"], "--max-batch sets"),
+                                        (["--method", "recycling", "--dtype", "q4"], "--dtype, --method set"),
+                                        (["--device", "cuda"], "--device sets")])
+def test_serve_flags_with_url_are_refused_not_ignored(tmp_path, capsys, argv, said):
+    from specdec.cli import main
+
+    assert main(["loadtest", "--url", "http://127.0.0.1:9", *argv, "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert said in err and "a running server (--url) keeps its own" in err and "\n" not in err

@@ -490,7 +490,8 @@ def test_dashboard_page_in_a_browser(tiny, client, live, tmp_path):
 
 @pytest.mark.parametrize("argv, words", [(["--budget", "lots"], "--budget"), (["--budget", "0"], "--budget"),
                                          (["--port", "70000"], "--port"), (["--max-batch", "0"], "--max-batch"),
-                                         (["--api-key", ""], "--api-key is empty")])
+                                         (["--api-key", ""], "--api-key is empty"),
+                                         (["--api-key", "KEY "], "starts or ends with whitespace")])
 def test_serve_refuses_bad_flags_in_one_line(argv, words, capsys):
     from specdec.cli import main
 
@@ -532,6 +533,15 @@ def test_a_request_that_exactly_fills_the_context_is_served(tiny, live):
     context = tiny[1].cfg.max_position_embeddings
     r = _post(live, tiny, prompt=[5, 6, 7, 8], max_tokens=context - 4, speculation=False, stop="\n")
     assert r.status_code == 200, r.text
+
+
+def test_a_fixed_k_the_api_allows_is_served(tiny, live):
+    """k up to 1000 passes the body's check, so the engine must take it too (it refused k > 32: a 400 saying [0, 32])."""
+    ids = tiny[2].encode(PROMPTS[0], chat=False)
+    for k in (33, 1000):
+        r = _post(live, tiny, prompt=PROMPTS[0], max_tokens=12, speculation={"method": "prompt-lookup", "k": k})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == greedy(tiny, ids, 12).text
 
 
 def test_speculation_on_drafts_with_the_servers_method(tiny, live, monkeypatch):

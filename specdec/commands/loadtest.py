@@ -31,6 +31,10 @@ def modes_arg(value: str) -> list[str]:
     return modes
 
 
+SERVE_FLAGS = (("--dtype", "dtype", "auto"), ("--kv-dtype", "kv_dtype", "auto"), ("--device", "device", "cpu"),
+               ("--budget", "budget", "auto"), ("--max-batch", "max_batch", 16), ("--method", "method", "prompt-lookup"))
+
+
 def register(sub) -> None:
     from specdec.commands.generate import DTYPES, KV_DTYPES
 
@@ -178,6 +182,11 @@ def run(args) -> int:
         raise SpecdecError("--requests, --waves, --max-tokens, --repeat and --timeout must be positive")
     if (args.url is None) == (args.serve is None):
         raise SpecdecError("give either --url (a running server) or --serve MODES (servers started here)")
+    if args.url is not None:  # the servers' own flags mean nothing to a running server: refused, not ignored
+        given = [flag for flag, dest, default in SERVE_FLAGS if getattr(args, dest) != default]
+        if given:
+            raise SpecdecError(f"{', '.join(given)} set{'s' * (len(given) == 1)} what --serve starts; a running "
+                               "server (--url) keeps its own: drop it, or use --serve")
     url = check_loopback(args.url) if args.url is not None else None
     out = Path(args.out).expanduser()
     check_out(out, ("loadtest.md", "loadtest.json", "loadtest.png"))
@@ -217,9 +226,11 @@ def run(args) -> int:
                               + (f" ({'; '.join(lv['error_samples'])})" if lv["errors"] else ""), file=sys.stderr)
                         if not lv["completed"] and lv["error_samples"] and all(
                                 e.startswith("RuntimeError: HTTP 4") for e in lv["error_samples"]):
-                            raise SpecdecError(f"the server refused every request at concurrency {c}: "
-                                               f"{lv['error_samples'][0].removeprefix('RuntimeError: ')}"
-                                               " (check --model and --api-key)")
+                            said = lv["error_samples"][0].removeprefix("RuntimeError: ")
+                            hint = ("--prompts and --max-tokens: the prompts must fit the model's context"
+                                    if "context" in said else "--model and --api-key")
+                            raise SpecdecError(f"the server refused every request at concurrency {c}: {said} "
+                                               f"(check {hint})")
             except ServerGone as e:  # keep the levels measured before it, and say so
                 gone = e
                 break

@@ -90,6 +90,9 @@ def run(args) -> int:
         raise SpecdecError(f"--grace must be a number of seconds >= 0, got {args.grace}")
     if args.api_key is not None and not args.api_key.strip():  # "" would turn the key off without a word
         raise SpecdecError("--api-key is empty (or SPECDEC_API_KEY is): give a key, or leave both unset to serve without one")
+    if args.api_key is not None and args.api_key != args.api_key.strip():  # clients' tokens are read stripped
+        raise SpecdecError("--api-key (or SPECDEC_API_KEY) starts or ends with whitespace, which no client's "
+                           "'Authorization: Bearer KEY' can match: give the key without it")
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in [0, 65535], got {args.port}")
     budget = budget_arg(args.budget)

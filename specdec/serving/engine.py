@@ -48,6 +48,7 @@ from specdec.draft import Draft
 from specdec.drafters.base import Context, Drafter
 from specdec.drafters.prompt_lookup import PromptLookup
 from specdec.errors import SpecdecError
+from specdec.options import K_MAX
 from specdec.runtime.kernels import attention
 from specdec.runtime.model import Transformer, prefill_spans
 from specdec.sampling import Draws, make_generator
@@ -195,8 +196,9 @@ class Engine:
         if job.priority not in scheduler.PRIORITIES:
             raise SpecdecError(f"priority must be one of {', '.join(scheduler.PRIORITIES)}, got {job.priority!r}",
                                "priority")
-        if job.k != "auto" and (isinstance(job.k, bool) or not isinstance(job.k, int) or not 0 <= job.k <= 32):
-            raise SpecdecError(f"speculation k must be an integer in [0, 32] or 'auto', got {job.k!r}", "speculation.k")
+        if job.k != "auto" and (isinstance(job.k, bool) or not isinstance(job.k, int) or not 0 <= job.k <= K_MAX):
+            raise SpecdecError(f"speculation k must be an integer in [0, {K_MAX}] or 'auto', got {job.k!r}",
+                               "speculation.k")
 
     def submit(self, job: Job) -> None:
         self.check(job)
