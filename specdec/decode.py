@@ -120,6 +120,7 @@ class Stopper:
         self.emitted = 0
         self.finish_reason: str | None = None
         self.holdback = max((len(s) for s in request.stop), default=1) - 1
+        self.cleans_up = getattr(tokenizer, "cleans_up_spaces", False)
         self._at, self._head, self._context = 0, "", ""  # ids[:_at] decode to _head (whole characters)
         self._whole = False  # the increments once missed a whole decode: decode everything from then on
 
@@ -157,22 +158,30 @@ class Stopper:
         # U+FFFD at the end may be a character still half-decoded: until the text is final, stop strings
         # see only its complete characters (so a stop string containing U+FFFD matches only a real one)
         seen = self.text if final else self.text.rstrip("\ufffd")
-        for s in self.request.stop:
-            at = seen.find(s, max(0, self.emitted - len(s)))
-            if at >= 0:
-                self.text = self.text[:at]
-                self.finish_reason = "stop"
-                return True
+        # several stop strings may complete at one token: cut before the earliest, whatever their order
+        hits = [at for s in self.request.stop if (at := seen.find(s, max(0, self.emitted - len(s)))) >= 0]
+        if hits:
+            self.text = self.text[:min(hits)]
+            self.finish_reason = "stop"
+            return True
         if final:
             self.finish_reason = "stop" if eos else "length"
         return final
+
+    def _settled(self) -> int:
+        """Length of the text's start no later token changes: its complete characters, less, for a tokenizer
+        that cleans up spaces (transformers' " ." -> ".", " n't" -> "n't": a pattern of at most 4 characters
+        whose first, a space, goes), from a space among the last 3 characters on ("I '" + "m" -> "I'm")."""
+        text = self.text.rstrip("\ufffd")
+        space = text.find(" ", max(0, len(text) - 3)) if self.cleans_up else -1
+        return space if space >= 0 else len(text)
 
     def new_text(self) -> str:
         """Text that is safe to show now: not a possible stop-string prefix, not a partial UTF-8 character.
         The holdback counts from the last complete character: a half-decoded one (U+FFFD for now) holds back
         nothing. Example: stop "🌟🌟", text "🌟" + U+FFFD (the second star's first byte): nothing is shown,
         since the star may start the stop string."""
-        end = len(self.text) if self.finish_reason else len(self.text.rstrip("\ufffd")) - self.holdback
+        end = len(self.text) if self.finish_reason else self._settled() - self.holdback
         if end <= self.emitted:
             return ""
         out, self.emitted = self.text[self.emitted:end], end

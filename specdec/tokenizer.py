@@ -22,6 +22,9 @@ class Tokenizer:
         # layers: a stream decodes twice a token, each call a few microseconds warm and tens after a forward
         self._decoder = (self.hf.backend_tokenizer if getattr(self.hf, "is_fast", False)
                          and not getattr(self.hf, "clean_up_tokenization_spaces", True) else None)
+        # transformers' clean-up (" ." -> ".", " 'm" -> "'m") may drop a space a later token follows: a stream
+        # holds back the last characters' spaces (`Stopper.new_text`)
+        self.cleans_up_spaces = self._decoder is None and bool(getattr(self.hf, "clean_up_tokenization_spaces", False))
 
     def _eos_ids(self, folder: Path) -> frozenset[int]:
         ids = set()
