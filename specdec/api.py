@@ -58,9 +58,13 @@ class LLM:
             raise OptionError(str(e)) from None
         self.name = model
         self.folder: Path = resolve(model, pull=pull)
+        if draft is not None:  # a known draft of another family: said before anything loads or is pulled
+            from specdec.drafters.draft_model import check_draft_family
+
+            check_draft_family(self.folder, draft)
+        self.tokenizer = Tokenizer(self.folder)  # a folder without a usable tokenizer: said before the weights load
         self.dtype: torch.dtype | str = resolve_dtype(dtype, self.folder, self.device)
         self.model = load_transformer(self.folder, self.dtype, self.device, kv_dtype)
-        self.tokenizer = Tokenizer(self.folder)
         self.draft_name = draft
         self.datastore = datastore
         self.exit_layer = check_exit_layer(exit_layer, self.model.cfg.num_layers)

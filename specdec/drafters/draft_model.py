@@ -18,6 +18,9 @@ matrices are padded to different sizes, so q is cut to the ids both models share
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
 
 from specdec.draft import Draft
@@ -36,6 +39,21 @@ def check_same_tokenizer(target_tok, draft_tok) -> int:
         raise SpecdecError(f"the draft model's tokenizer differs from the target's ({diff} vocabulary entries "
                            "differ): choose a draft model of the same family")
     return len(a)
+
+
+def check_draft_family(target: str | Path, draft: str) -> None:
+    """Refuses a draft model of another family than the target's where both are known models (`store.family`),
+    before the draft is pulled (up to gigabytes) or the target's weights load; other pairs are compared by their
+    tokenizers (`check_same_tokenizer`) when the draft loads."""
+    from specdec.store import KNOWN_MODELS, family
+
+    ours, theirs = family(target), family(draft)
+    if ours and theirs and ours != theirs:
+        target_name = Path(os.fspath(target)).name  # a known name, or its store folder's
+        same = [m.name for m in KNOWN_MODELS.values() if (m.family or m.name) == ours and m.name != target_name]
+        raise SpecdecError(f"the draft model {draft!r} ({theirs} tokenizer) cannot draft for the target ({ours} "
+                           "tokenizer): choose a draft model of the same family"
+                           + (f", e.g. {', '.join(same)}" if same else ""))
 
 
 class DraftModel(Drafter):

@@ -78,8 +78,17 @@ class ModelConfig:
         path = Path(folder) / "config.json"
         if not path.exists():
             raise SpecdecError(f"{folder} has no config.json: not a Hugging Face model folder")
-        try:
-            d = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise SpecdecError(f"{path}: not a readable JSON file ({e}); re-download or fix the model folder") from None
-        return cls.from_dict(d, str(path))
+        return cls.from_dict(read_json(path), str(path))
+
+
+def read_json(path: Path) -> dict:
+    """A model folder's JSON file (config.json, generation_config.json, the store's specdec.json) as a dict, or one
+    error naming the file."""
+    try:
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpecdecError(f"{path}: not a readable JSON file ({e}); re-download or fix the model folder") from None
+    if not isinstance(d, dict):
+        raise SpecdecError(f"{path}: not a readable JSON file (a {type(d).__name__}, not an object); re-download or "
+                           "fix the model folder")
+    return d

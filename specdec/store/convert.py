@@ -98,6 +98,13 @@ def _safetensors_header(entries: list[tuple[str, tuple[int, ...]]], metadata: di
     return struct.pack("<Q", len(raw)) + raw
 
 
+def _missing(names: set[str], n_layer: int) -> list[str]:
+    """The Hugging Face weights a llama / qwen2 model of `n_layer` layers needs that `names` lacks (biases and the
+    output head are optional: qwen2 files have biases, tied models no head)."""
+    need = ["model.norm.weight"] + [f"model.layers.{i}.{hf}.weight" for i in range(n_layer) for hf in _BLOCK_NAMES.values()]
+    return [n for n in need if n not in names]
+
+
 def _write_weights(reader, arch: str, n_head: int, n_head_kv: int, path: Path, progress: bool) -> dict:
     """Dequantize every tensor to float32 and stream them into one safetensors file."""
     from gguf import GGMLQuantizationType
@@ -116,6 +123,11 @@ def _write_weights(reader, arch: str, n_head: int, n_head_kv: int, path: Path, p
         raise SpecdecError("the GGUF file has duplicate tensors")
     if "model.embed_tokens.weight" not in names:
         raise SpecdecError("the GGUF file has no token embedding (token_embd.weight)")
+    n_layer = int(field(reader, f"{arch}.block_count", 0) or 0)
+    missing = _missing(set(names), n_layer)
+    if missing:
+        raise SpecdecError(f"the GGUF file is incomplete: {len(missing)} weight(s) a {arch} model of {n_layer} layers "
+                           f"needs are missing, the first {missing[0]}")
     plan.sort(key=lambda p: p[0])
     header = _safetensors_header([(n, s) for n, _, s in plan], {"format": "pt"})
     types: dict[str, int] = {}
@@ -191,7 +203,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> dict:
             src, fname = _gguf_source_dir(gguf_path, Path(scratch))
             summary = _write_weights(reader, arch, n_head, n_head_kv, out_dir / "model.safetensors", progress)
             del reader
-            _write_config_and_tokenizer(src, fname, arch, tied, out_dir, progress)
+            _write_config_and_tokenizer(src, fname, arch, tied, out_dir, progress, gguf_path.name)
         summary.update(architecture=arch, gguf_name=gguf_name, tied_embeddings=tied)
         return summary
     except BaseException:
@@ -199,7 +211,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> dict:
         raise
 
 
-def _write_config_and_tokenizer(src: str, fname: str, arch: str, tied: bool, out_dir: Path, progress: bool) -> None:
+def _write_config_and_tokenizer(src: str, fname: str, arch: str, tied: bool, out_dir: Path, progress: bool,
+                                name: str) -> None:
+    """config.json, the tokenizer files and generation_config.json from transformers' reading of the GGUF
+    (`fname` in `src`); `name`: the file as the user knows it, for errors."""
     from tqdm import tqdm
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
     from transformers.utils import logging as hf_logging
@@ -209,10 +224,14 @@ def _write_config_and_tokenizer(src: str, fname: str, arch: str, tied: bool, out
     try:
         with tqdm(total=2, desc="config+tokenizer", unit="step", disable=not progress) as bar, warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            config = AutoConfig.from_pretrained(src, gguf_file=fname)
-            bar.update(1)
-            tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=fname)
-            bar.update(1)
+            try:  # a malformed or unusual file fails deep inside transformers (KeyError, TypeError...)
+                config = AutoConfig.from_pretrained(src, gguf_file=fname)
+                bar.update(1)
+                tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=fname)
+                bar.update(1)
+            except Exception as e:  # noqa: BLE001
+                raise SpecdecError(f"{name}: transformers cannot read the GGUF's config or tokenizer "
+                                   f"({type(e).__name__}: {' '.join(str(e).split())})") from e
     finally:
         hf_logging.set_verbosity(verbosity)
 

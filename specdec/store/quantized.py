@@ -13,7 +13,8 @@ a known model's packages, fetched again (pip's cache makes that seconds).
 
 Cache: `<model folder>/quant/<fmt>-v<LAYOUT>.safetensors` for folders in the store, else
 `$SPECDEC_HOME/quant/<folder key>/<fmt>-v<LAYOUT>.safetensors`; written atomically, with the layout version
-and a summary of the sources in its metadata. A cache of another layout is never read (its name differs,
+and a summary of the sources in its metadata, and for a folder outside the store its weights' files (name, size,
+mtime: `weights_stamp`): a cache of other weights than the folder's now is rebuilt. A cache of another layout is never read (its name differs,
 and its metadata is checked too): it is rebuilt, and the older ones (`<fmt>.safetensors` before layout 3)
 are removed once the new one is saved. A fused projection (q|k|v, gate|up) whose parts come in different
 formats keeps one part per run of rows in one format.
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.runtime.config import ModelConfig
+from specdec.runtime.config import ModelConfig, read_json
 from specdec.runtime.kernels import quant as Q
 
 LAYOUT = "3"  # bump when the packed layout or the sources' mapping changes: old caches are rebuilt
@@ -145,12 +146,10 @@ def _part(fmt: str, name: str, fp32, raw: dict, arch: str, cfg: ModelConfig) -> 
 
 def build(folder: Path, fmt: str, gguf_path: Path | None = None) -> tuple[dict[str, list[Q.QWeight]], dict]:
     """Quantize every projection of the model in `folder`: {our name: parts}, and a summary of the sources."""
-    from safetensors import safe_open
+    from specdec.runtime.loader import open_weights
 
     cfg = ModelConfig.from_folder(folder)
-    files = sorted(Path(folder).glob("*.safetensors"))
-    handles = [safe_open(str(f), framework="pt") for f in files]
-    where = {n: h for h in handles for n in h.keys()}
+    where = open_weights(folder)
 
     def fp32(name: str) -> torch.Tensor:
         if name not in where:
@@ -201,7 +200,16 @@ def _save(path: Path, weights: dict[str, list[Q.QWeight]], meta: dict) -> None:
     write_safetensors(path, tensors, metadata={"layout": LAYOUT, "parts": json.dumps(parts), **meta})
 
 
-def _load(path: Path) -> tuple[dict[str, list[Q.QWeight]], dict] | None:
+def weights_stamp(folder: Path) -> str:
+    """The folder's weights as a cache was built from them: each *.safetensors file's name, size and mtime. A cache
+    of other weights (a folder outside the store saved again, or replaced by another model) is never read."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    return json.dumps([[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files])
+
+
+def _load(path: Path, stamp: str | None = None) -> tuple[dict[str, list[Q.QWeight]], dict] | None:
+    """The cache at `path`, or None to rebuild it: another layout, unreadable, or built from other weights than
+    `stamp` (`weights_stamp`; None: not checked)."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -209,6 +217,8 @@ def _load(path: Path) -> tuple[dict[str, list[Q.QWeight]], dict] | None:
         with safe_open(str(path), framework="pt") as fh:
             meta = fh.metadata() or {}
         if meta.get("layout") != LAYOUT:
+            return None
+        if stamp is not None and meta.get("weights") != stamp:
             return None
         t = load_file(str(path))
     except Exception:  # unreadable or half-written by an older version: rebuild
@@ -226,7 +236,7 @@ def source_gguf(folder: Path, work: Path, why: str = "for its own 4-bit blocks")
     marker = Path(folder) / MARKER
     if not marker.is_file():
         return None
-    info = json.loads(marker.read_text())
+    info = read_json(marker)
     src = info.get("source_file")
     if src and Path(src).is_file():
         return Path(src)
@@ -260,17 +270,20 @@ def load(folder: Path, fmt: str, gguf_path: Path | None = None) -> tuple[dict[st
     if fmt not in Q.FORMATS:
         raise SpecdecError(f"unknown quantized format {fmt!r}: choose one of {', '.join(Q.FORMATS)}")
     path = cache_path(folder, fmt)
-    if path.is_file() and (got := _load(path)) is not None:
+    # a store folder's cache lives in it and is replaced with it (`pull --force`); another folder's is checked
+    # against the weights it was built from
+    stamp = None if path.parent.parent == Path(os.path.abspath(folder)) else weights_stamp(folder)
+    if path.is_file() and (got := _load(path, stamp)) is not None:
         return got
     key = "quant-" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
     with _lock(key):
-        if path.is_file() and (got := _load(path)) is not None:
+        if path.is_file() and (got := _load(path, stamp)) is not None:
             return got
         work = _work_dir(key)
         try:
             src = gguf_path or (source_gguf(folder, work) if fmt == "q4" else None)
             weights, summary = build(folder, fmt, src)
-            _save(path, weights, {"summary": json.dumps(summary)})
+            _save(path, weights, {"summary": json.dumps(summary), **({"weights": stamp} if stamp else {})})
             for old in [*path.parent.glob(f"{fmt}-v*.safetensors"), path.with_name(f"{fmt}.safetensors")]:
                 if old != path:  # other layouts' caches
                     old.unlink(missing_ok=True)
