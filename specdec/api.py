@@ -82,6 +82,9 @@ class LLM:
 
     # --- drafters -----------------------------------------------------------------------
     def drafter(self, method: str) -> Drafter | None:
+        """A drafter for one request. What is slow to build (heads, a draft model, early exit's measurement, the
+        recycling table, a datastore) is built once; a drafter with per-request state (a KV cache, a context) is
+        handed out as its own `fresh()` copy, so streams or threads of one LLM never draft on each other's caches."""
         if check_method(method) == "plain":
             return None
         if method == "prompt-lookup":
@@ -93,9 +96,9 @@ class LLM:
                 from specdec.drafters.recycling import Recycling
 
                 self._recycling = Recycling(nodes=self.tree_nodes or max(2, self.budget() - 1))
-            return self._recycling
+            return self._recycling.fresh()
         if method == "draft":
-            return self._draft_model()
+            return self._draft_model().fresh()
         if method == "retrieval":
             if self._retrieval is None:
                 from specdec.drafters.retrieval import build
@@ -107,7 +110,7 @@ class LLM:
                 from specdec.drafters.early_exit import build_early_exit
 
                 self._early_exit = build_early_exit(self, self.exit_layer)
-            return self._early_exit
+            return self._early_exit.fresh()
         if method == "lookahead":
             from specdec.drafters.lookahead import Lookahead
 
@@ -130,7 +133,7 @@ class LLM:
                 from specdec.drafters.eagle import build as build_eagle
 
                 self._eagle = build_eagle(self, self.heads, self.tree, self.tree_nodes)
-            return self._eagle
+            return self._eagle.fresh()
         raise AssertionError(method)
 
     def _draft_model(self):

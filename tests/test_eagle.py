@@ -253,6 +253,31 @@ def test_a_fresh_drafter_has_its_own_head_cache(env):
     assert a.cache is not b.cache and a.cache.length == len(encode(env, "the cat")) - 1  # a's entries untouched
 
 
+def test_streams_of_one_llm_draft_on_their_own_head_caches(env, tmp_path, monkeypatch):
+    """Two streams of one `specdec.LLM`, interleaved, each decode as they would alone: every request drafts with a
+    fresh EAGLE drafter (one shared drafter's head cache was reset by the second stream, and the first then
+    stopped with 'EAGLE: features start at position ..., the head holds ...'). Threads get their own too."""
+    import itertools
+
+    from specdec import LLM
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    env["head"].save(tmp_path / "h")
+    llm = LLM(str(env["folder"]), dtype="fp32", heads=str(tmp_path / "h"), tree="chain", tree_nodes=3, exit_layer=1,
+              draft=str(env["folder"]))
+    prompts = [encode(env, "the cat sat on the mat. the cat"), encode(env, "def f(x): return x; def g")]
+    want = [llm.generate(p, max_new_tokens=24).token_ids for p in prompts]
+    for method in ("eagle", "early-exit", "draft"):
+        streams = [llm.chunks(p, max_new_tokens=24, method=method, k=3) for p in prompts]
+        got = [[], []]
+        for pair in itertools.zip_longest(*streams):
+            for i, chunk in enumerate(pair):
+                got[i] += chunk.tokens if chunk else []
+        assert got == want, method
+        assert llm.drafter(method) is not llm.drafter(method)  # one per request, over one head or model
+    assert llm.drafter("eagle").head is llm.drafter("eagle").head
+
+
 def test_static_tree_and_chain_shapes(env):
     tokens = env["tok"].encode("the cat", chat=False)
     d = eagle(env, "static", nodes=9)

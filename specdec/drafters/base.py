@@ -10,6 +10,7 @@ round becomes a plain decoding step.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -116,3 +117,11 @@ class Drafter:
 
     def reset(self) -> None:
         """Forget per-request state before a new request."""
+
+    def fresh(self) -> "Drafter":
+        """A drafter for another request on the same weights and settings, with per-request state of its own
+        (a KV cache, a context): `specdec.LLM` hands one to each request, so two streams or threads of one LLM
+        never draft on each other's caches. Default: a shallow copy, reset."""
+        other = copy.copy(self)
+        other.reset()
+        return other
