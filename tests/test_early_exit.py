@@ -115,6 +115,54 @@ def test_caches_hold_what_they_should(tiny):
         EarlyExit(model, model.cfg.num_layers + 1)
 
 
+def context(tokens, target_cache=None, sampling=SamplingParams(), seed=0):
+    from specdec.drafters.base import Context
+    from specdec.sampling import make_generator
+
+    return Context(list(tokens), len(tokens), sampling, make_generator(seed), remaining=16, target_cache=target_cache)
+
+
+def test_own_cache_drafts_and_verifies_as_the_shared_one(tiny):
+    """Without the target's cache (called on its own, the server) the drafter prefills its own layers < L: it
+    drafts what the shared cache drafts, and `verify_forward` copies that KV into the target's cache, so the
+    reused verification gives the plain forward's logits."""
+    model, tok = tiny
+    ids = tok.encode("the cat sat on the mat. " * 3, chat=False)  # longer than ROW_EXACT_MAX: the prefill path
+    for L in (1, 2):
+        target = model.new_cache(len(ids) + 16)
+        model.prefill(ids[:-1], target)
+        want = EarlyExit(model, L).propose(context(ids, target), 3).tokens.tolist()
+        own = EarlyExit(model, L)
+        draft = own.propose(context(ids), 3).tokens.tolist()
+        assert draft == want and own.fed == ids + draft[:-1] and not own.shared
+        inputs = torch.tensor([[ids[-1]] + draft])
+        cache, ref = model.new_cache(len(ids) + 16), model.new_cache(len(ids) + 16)
+        model.prefill(ids[:-1], cache)
+        model.prefill(ids[:-1], ref)
+        got = own.verify_forward(model, cache, inputs)
+        assert got is not None and own.reused == 1
+        torch.testing.assert_close(got.logits, model(inputs, ref).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_shared_cache_follows_the_targets_tensors_when_they_grow(tiny):
+    """KVCache.grow replaces the target's tensors: the drafter's view of its first L layers must be taken again,
+    else it drafts on the old tensors, which lack every position committed since (and have too few slots)."""
+    model, tok = tiny
+    ids = tok.encode(PROMPTS[1], chat=False)
+    target = model.new_cache(len(ids))
+    model.prefill(ids[:-1], target)
+    d = EarlyExit(model, 1)
+    d.propose(context(ids, target), 1)
+    target.grow(len(ids) + 16)
+    more = ids[:6]
+    model(torch.tensor([[ids[-1]] + more[:-1]]), target)  # the verification commits six more tokens
+    sampling = SamplingParams(temperature=1.0)
+    got = d.propose(context(ids + more, target, sampling), 2)
+    want = EarlyExit(model, 1).propose(context(ids + more, target, sampling), 2)
+    assert got.tokens.tolist() == want.tokens.tolist()
+    torch.testing.assert_close(got.q, want.q)
+
+
 # --- sampling: the first tokens follow the target's law -------------------------------------------
 
 

@@ -35,10 +35,13 @@ def test_greedy_equals_plain_with_lookup_then_early_exit(tiny, reuse):
     for prompt in PROMPTS:  # repetitive prompts: lookup hits in some rounds and misses in others
         ids = tok.encode(prompt, chat=False)
         plain = run(model, tok, ids, max_new_tokens=40)
-        h = Hybrid([PromptLookup(), EarlyExit(model, 1, max_len=128, reuse=reuse)])
+        ee = EarlyExit(model, 1, max_len=128, reuse=reuse)
+        h = Hybrid([PromptLookup(), ee])
         r = run(model, tok, ids, h, 3, max_new_tokens=40)
         assert r.token_ids == plain.token_ids, prompt
         stats = h.stats()
+        # the proposer's verification hook: every early-exit round reuses its layer-<L work (LayerSkip)
+        assert ee.reused == (stats["early-exit"]["rounds"] if reuse else 0)
         assert sum(stats[n]["drafted"] for n in used) == r.drafted
         assert sum(stats[n]["accepted"] for n in used) == r.accepted
         for n in used:
@@ -124,6 +127,87 @@ def test_per_source_policies_cap_and_skip():
     assert len(h.propose(ctx(), 4)) == 1 and h.last_source == "a"
     with pytest.raises(ValueError, match="one policy per source"):
         Hybrid([a, b], policies=[pa])
+
+
+class Tree(Drafter):
+    name = "tree"
+
+    def propose(self, ctx, k):
+        return Draft([1, 2, 3], [-1, -1, 0])  # three nodes, two deep
+
+
+def test_tree_sources_are_counted_by_nodes_and_priced_by_depth():
+    policy = Policy(4)
+    h = Hybrid([Tree()], policies=[policy])
+    d = h.propose(ctx(), 4)
+    h.observe(Outcome(d, 1, [1, 5]))
+    assert h.stats()["tree"]["drafted"] == 3  # tokens drafted: every node
+    assert policy.observed == [(2, 1)]  # the policy's k is a depth
+
+
+def test_bystanders_learn_the_committed_roots_row():
+    """Recycling behind another source learns from the rounds it sat out: the root's logits row."""
+    from specdec.drafters.recycling import Recycling
+
+    a, rec = Scripted("a", []), Recycling(nodes=2, lookup_chain=False)
+    h = Hybrid([a, rec])
+    assert len(h.propose(ctx(), 2)) == 0  # nobody drafts (the table is empty): a plain round
+    row = torch.zeros(1, 32)
+    row[0, 8] = 1.0
+    h.observe(Outcome(Draft.empty(), 0, [8], logits=row))
+    assert rec.table[(6, 7)][0] == 8
+    a.tokens = [9, 9]
+    d = h.propose(Context(tokens=[5, 6, 7, 8], prompt_len=3, sampling=SamplingParams(), generator=make_generator(0)), 2)
+    assert h.last_source == "a"
+    rows = torch.zeros(3, 32)
+    rows[0, 11] = rows[1, 12] = rows[2, 13] = 1.0
+    h.observe(Outcome(d, 0, [11], logits=rows))
+    assert rec.table[(7, 8)][0] == 11 and (8, 9) not in rec.table  # the root's row only: a's nodes are a's
+
+
+class Window(Drafter):
+    """Drafts nothing but carries a lookahead window (any object here)."""
+
+    name = "window"
+    aux = object()
+
+    def propose(self, ctx, k):
+        d = Draft.empty()
+        d.aux = self.aux
+        return d
+
+
+class TimedPolicy(Policy):
+    def timing(self, drafted, draft_seconds, target_seconds):
+        self.timed = getattr(self, "timed", []) + [(drafted, draft_seconds, target_seconds)]
+
+    def plain_timing(self, seconds):
+        self.plain = getattr(self, "plain", []) + [seconds]
+
+
+def test_the_mix_reports_its_proposers_properties():
+    a, b = Scripted("a", []), Scripted("b", [9, 9])
+    a.tau_prior, b.tau_prior, a.stale, b.stale, b.deterministic = 0.3, 0.0, True, False, False
+    pa, pb = TimedPolicy(2), TimedPolicy(2)
+    h = Hybrid([a, b], policies=[pa, pb])
+    assert h.tau_prior == 0.3  # before any round: the first source's
+    assert not h.deterministic  # one source samples its own q
+    assert h.room(3) == 6  # one source's draft and another's window may share a forward
+    d = h.propose(ctx(), 2)
+    assert h.last_source == "b" and not h.stale  # the proposer's staleness, not the first source's
+    h.timing(2, 0.01, 0.1)
+    assert pb.timed == [(2, 0.01, 0.1)] and not hasattr(pa, "timed")  # the proposer's tau
+    h.plain_timing(0.1)
+    assert pa.plain == pb.plain == [0.1]  # a plain step prices every source
+    h.observe(Outcome(d, 2, [9, 9, 4]))
+    b.tokens = []
+    assert len(h.propose(ctx(), 2)) == 0
+    s = h.stats()
+    assert s["b"]["share"] == 1.0 and s["none"]["rounds"] == 1  # shares of the speculative rounds only
+    # a lookahead window from a source that drafts nothing rides with the next source's draft
+    w = Window()
+    h = Hybrid([w, Scripted("c", [7])])
+    assert h.propose(ctx(), 2).aux is w.aux and h.last_source == "c"
 
 
 def test_mixed_tau_follows_the_shares(tiny):

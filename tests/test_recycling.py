@@ -71,6 +71,36 @@ def test_the_table_forgets_its_oldest_entries():
     assert list(r.table) == [4, 2, 9]
 
 
+def test_table_rows_hold_every_rank_the_paths_use():
+    # paths up to rank 1 need rows of two candidates; the default paths go to rank 3 (path (3,))
+    assert Recycling(paths=[(0,), (0, 0), (1,)]).ranks == 2 and Recycling().ranks == 4
+    r = Recycling(nodes=3, paths=[(0,), (1,)], lookup_chain=False)
+    r.propose(context([A, THE, CAT]), k=1)
+    logits = torch.zeros(1, 32)
+    logits[0, SAT], logits[0, IS] = 5.0, 4.0
+    r.observe(Outcome(Draft.empty(), 0, [SAT], logits=logits))
+    assert r.table[(THE, CAT)] == (SAT, IS)
+    assert r.propose(context([A, THE, CAT]), k=1).tokens.tolist() == [SAT, IS]  # the runner-up drafts too
+
+
+def test_the_policy_may_ask_the_lookup_chain_as_deep_as_prompt_lookup():
+    # k_max bounds adaptive k (LLM.policy): the lookup chain goes 8 deep, as PromptLookup alone; the
+    # table's own paths only 6 (the deepest default path)
+    assert Recycling().k_max == 8 and Recycling(lookup_chain=False).k_max == 6
+
+
+def test_reset_forgets_the_last_requests_tokens():
+    """A new request's first round, drafted by another source (a hybrid bystander), must not file the new
+    root's row under the old request's last tokens."""
+    r = Recycling(nodes=3, lookup_chain=False)
+    r.propose(context([A, THE, CAT]), k=2)
+    r.reset()
+    logits = torch.zeros(1, 32)
+    logits[0, SAT] = 5.0
+    r.observe(Outcome(Draft.empty(), 0, [ON], logits=logits))
+    assert r.table == {}
+
+
 def test_bad_trees_are_refused():
     with pytest.raises(ValueError, match="parent path"):
         Recycling(paths=[(0, 0)])

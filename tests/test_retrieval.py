@@ -117,6 +117,28 @@ def test_tree_is_best_first_and_sampling_keeps_shares(tmp_path):
     assert big.tree([9, 10], 2, min_n=1, max_matches=50) == ([11, 12], [-1, -1])
 
 
+def test_tree_ties_and_branching(tmp_path):
+    # after "1 2": 3, 4, 5, 6 and 7 twice each, 8 once: equal counts are taken first pushed, first taken (the
+    # smaller id first), and at most `branch` children per node
+    docs = [[1, 2, t] for t in (3, 4, 5, 6, 7) for _ in range(2)] + [[1, 2, 8]]
+    ds = store(tmp_path, docs)
+    assert ds.tree([1, 2], 8) == ([3, 4, 5, 6], [-1, -1, -1, -1])
+    assert ds.tree([1, 2], 8, branch=5) == ([3, 4, 5, 6, 7], [-1] * 5)
+    assert ds.tree([1, 2], 2) == ([3, 4], [-1, -1])
+
+
+def test_large_ranges_narrow_exactly_at_both_ends(tmp_path):
+    """Ranges above SMALL_RANGE are bisected token by token (`narrow`): the first and last occurrence of each
+    continuation must both be kept, also where the range starts or ends the first token's whole range."""
+    docs = [[10, t, 20 + i % 3] for t in (11, 12, 13) for i in range(300)]
+    ds = store(tmp_path, docs)
+    stream = docs_stream(docs)
+    for pattern in ([10, 11], [10, 12], [10, 13], [10, 11, 20], [10, 13, 22], [10, 12, 21]):
+        lo, hi = ds.find(pattern)
+        assert sorted(ds.sa[lo:hi].tolist()) == occurrences(stream, pattern), pattern
+    assert ds.longest_match([9, 10, 11]).count == 300
+
+
 # --- files ---------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -315,6 +315,66 @@ def test_draft_model_startup_is_its_catch_up():
     assert d.startup(ctx) == 0  # in step: only the usual last token to feed
 
 
+def test_draft_model_drafts_only_shared_token_ids(env):
+    """A draft whose vocabulary is larger than the ids both models share (padding rows, a bigger target or
+    draft) never proposes an id outside the shared range, and its q rows cover the target's vocabulary."""
+    from specdec.drafters.base import Context
+    from specdec.sampling import make_generator
+
+    for target_vocab, shared in ((VOCAB, 40), (60, VOCAB)):
+        for sampling in (SamplingParams(), SamplingParams(temperature=2.0)):
+            d = DraftModel(env["draft"], target_vocab, shared)
+            for text in PROMPTS:
+                ids = env["tok"].encode(text, chat=False)
+                draft = d.propose(Context(list(ids), len(ids), sampling, make_generator(0), remaining=10), 4)
+                assert max(draft.tokens.tolist()) < min(target_vocab, shared)
+                if draft.q is not None:
+                    assert draft.q.shape == (4, target_vocab) and draft.q[:, min(target_vocab, shared):].sum() == 0
+
+
+def test_draft_model_feeds_all_but_its_last_draft_and_reset_forgets_them(env):
+    """k drafts cost k - 1 draft forwards after the catch-up (the last draft is only verified); after a reset the
+    drafter's cache is gone, so its starting cost is the whole prompt again."""
+    from specdec.drafters.base import Context
+    from specdec.sampling import make_generator
+
+    d = DraftModel(env["draft"], VOCAB, VOCAB, tau_prior=0.25)
+    ids = env["tok"].encode(PROMPTS[0], chat=False)
+    ctx = Context(list(ids), len(ids), SamplingParams(), make_generator(0), remaining=10)
+    draft = d.propose(ctx, 4)
+    assert d.fed == list(ids) + draft.tokens.tolist()[:3] and d.cache.length == len(ids) + 3
+    assert d.startup(ctx) == 0
+    d.reset()
+    assert d.startup(ctx) == (len(ids) - 1) * 0.25
+
+
+def test_common_prefix_and_sync_prefix():
+    from specdec.drafters.base import common_prefix, sync_prefix
+    from specdec.runtime.kv_cache import KVCache
+
+    assert common_prefix([1, 2, 9, 9], [1, 2, 3, 4]) == 2  # a rejected draft at position 2
+    assert common_prefix([1, 2], [1, 2, 3, 4]) == 2  # in step: feed the two new tokens
+    assert common_prefix([1, 2, 3, 4], [1, 2, 3, 4]) == 3  # the last token is always fed (its logits are needed)
+    assert common_prefix([1, 2, 3, 4, 5], [1, 2, 3]) == 2
+    cache, fed = KVCache(1, 1, 1, 8, 2, torch.float32), [1, 2, 9, 9]
+    cache.length = 4
+    assert sync_prefix(cache, fed, [1, 2, 3, 4]) == 2 and cache.length == 2 and fed == [1, 2]
+
+
+def test_fresh_drafters_do_not_share_per_request_state(env):
+    """`Drafter.fresh` (one per request of an LLM) hands out a drafter with no cache of its own yet, and the
+    original keeps its own."""
+    from specdec.drafters.base import Context
+    from specdec.sampling import make_generator
+
+    d = DraftModel(env["draft"], VOCAB, VOCAB)
+    ids = env["tok"].encode(PROMPTS[1], chat=False)
+    d.propose(Context(list(ids), len(ids), SamplingParams(), make_generator(0), remaining=10), 3)
+    other = d.fresh()
+    assert other.cache is None and other.fed == [] and other.model is d.model
+    assert d.cache is not None and d.fed[:len(ids)] == list(ids)
+
+
 @pytest.mark.parametrize("tau_prior, drafts", [(1e6, False), (1e-6, True)])
 def test_a_draft_model_too_costly_to_start_is_never_started(env, tau_prior, drafts):
     """A draft model whose prompt prefill costs more than speculation could save stays idle: every

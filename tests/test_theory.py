@@ -326,6 +326,52 @@ def test_cost_curve_speedup():
         t.speedup_with_cost_curve(0.7, 4, 0.1, {1: 1.0})
 
 
+def test_ch7_allocation_boundaries():
+    # an exact fit is granted: B = 121 leaves 35 units, exactly seven k = 4 sessions
+    sessions = [t.Session(f"chat{i}", 4) for i in range(8)]
+    grant = t.allocate_headroom(sessions, t.headroom(156, 121))
+    assert [grant[f"chat{i}"] for i in range(8)] == [4] * 7 + [0]
+    # equal priority keeps the callers' order (stable): the first seven, not the last seven
+    assert t.allocate_headroom(sessions[::-1], 35)["chat0"] == 0
+    # a session asking k = 0 decodes plainly and spends nothing: the next one still gets its 5 units
+    assert t.allocate_headroom([t.Session("plain", 0), t.Session("spec", 4)], 5) == {"plain": 0, "spec": 4}
+
+
+def test_ch7_requests_that_fit_rounds_down_and_never_below_zero():
+    # "136 ÷ 5 ≈ 27": whole requests only; 19 units hold three k = 4 requests, not 3.8 rounded to 4
+    assert t.requests_that_fit(t.headroom(156, 137), 4) == 3
+    assert t.requests_that_fit(t.headroom(156, 121), 4) == 7  # 35 units: exactly seven
+    # past the budget (B = 170: headroom -14) nobody speculates, rather than "-3 requests"
+    assert t.requests_that_fit(t.headroom(156, 170), 4) == 0
+
+
+def test_best_k_ties_go_to_the_smaller_k():
+    # a useless draft that costs nothing: every k gives exactly 1.0x, so don't speculate
+    assert t.best_k(0.0, 0.0) == 0
+    assert t.best_k(0.0, 0.0, cost=lambda n: 1.0) == 0
+
+
+def test_misestimate_beyond_k_max():
+    # a deployed k above k_max is compared against the best k up to it, so the loss is never negative
+    m = t.misestimate_cost(0.99, 0.0, k=40)
+    assert m.best_k == 40 and m.lost_fraction == pytest.approx(0.0)
+
+
+def test_jacobi_pool_defaults_and_gauss_seidel_history():
+    # a pool hit rate without a pool pass count saves nothing: every window still takes the cold passes
+    assert t.jacobi_expected_passes(4, 0.4) == 4
+    # each round of the history is that round's values, not the final ones: x = 3, y = 4/3, then
+    # x = (6 - 4/3)/2 = 7/3, y = (7 - 7/3)/3 = 14/9
+    gs = t.gauss_seidel_solve(UPDATES, [0, 0], 2)
+    assert gs[0] == pytest.approx([3.0, 4 / 3]) and gs[1] == pytest.approx([7 / 3, 14 / 9])
+
+
+def test_acceptance_rate_skips_tokens_neither_side_proposes():
+    # top-k truncation leaves zeros in both p and q: those tokens add nothing (not 0/0)
+    assert t.acceptance_rate((0.5, 0.5, 0.0), (0.5, 0.5, 0.0)) == pytest.approx(1.0)
+    assert t.acceptance_rate((0.5, 0.3, 0.2, 0.0), (0.4, 0.4, 0.2, 0.0)) == pytest.approx(0.9)
+
+
 # --- boundaries and bad input ------------------------------------------------------------------
 
 
