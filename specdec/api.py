@@ -32,12 +32,16 @@ from specdec.tokenizer import Tokenizer
 
 
 class LLM:
-    """A loaded model and its tokenizer; drafters are built on first use. `draft`: the draft model for
-    method "draft"; `datastore`: retrieval's folder; `exit_layer`: early exit's layer or "auto";
-    `sources`: hybrid's drafters in order; `lookahead`: a `LookaheadConfig` (or "auto", or the older
-    tuple (W, N, G[, pool])); `device`: "cpu" or "cuda[:N]" (the weights and KV cache on a GPU, torch's
-    kernels; the loop, drafts and sampling stay on the host); `kv_dtype`: "auto" (fp16 on the exact CPU paths, bf16
-    for bf16 weights on a CPU with AMX, else the activations' dtype), "fp16", "bf16" or "fp32". These settings are checked before the model loads."""
+    """A loaded model and its tokenizer; drafters are built on first use. `model`: a known name, a Hugging Face folder
+    or a .gguf file; `dtype`: "fp32", "bf16", "q8", "q4", or None / "auto" (q4 for a 4-bit GGUF, else bf16 where a
+    bf16 path works, else fp32); `pull`: download a known model not yet in the store (False: an error instead).
+    `draft`: the draft model for method "draft"; `datastore`: retrieval's folder; `exit_layer`: early exit's layer or
+    "auto"; `sources`: hybrid's drafters in order; `lookahead`: a `LookaheadConfig` (or "auto", or the older tuple
+    (W, N, G[, pool])); `heads`, `tree`, `tree_nodes`: Medusa's and EAGLE's heads folder (None: the store's, else the
+    shipped ones), tree and size (`tree_nodes` also token recycling's; None: from the probe's budget); `device`:
+    "cpu" or "cuda[:N]" (the weights and KV cache on a GPU, torch's kernels; the loop, drafts and sampling stay on
+    the host); `kv_dtype`: "auto" (fp16 on the exact CPU paths, bf16 for bf16 weights on a CPU with AMX, else the
+    activations' dtype), "fp16", "bf16" or "fp32". These settings are checked before the model loads."""
 
     def __init__(self, model: str = "smollm2-135m", dtype: str | None = None, pull: bool = True,
                  draft: str | None = None, datastore: str | None = None, exit_layer: int | str = "auto",
@@ -225,8 +229,8 @@ class LLM:
         seed (0..2**64-1), stop (a string or a list of strings), chat (None = use the chat template if the
         model has one), method (one of specdec.drafters.METHODS), k (draft length, or "auto"), acceptance
         ("exact", the default, or "typical": Medusa's LOSSY typical acceptance under sampling, with
-        posterior_threshold and posterior_alpha; Result.distribution_exact is then False). Bad values
-        raise one SpecdecError (also a ValueError) saying what to pass."""
+        posterior_threshold and posterior_alpha; Result.distribution_exact is then False for any method but
+        plain). Bad values raise one SpecdecError (also a ValueError) saying what to pass."""
         for chunk in self.chunks(prompt, **options):
             if chunk.result is not None:
                 return chunk.result

@@ -88,7 +88,7 @@ class Result:
     target_seconds: float
     rounds: list[dict] = field(repr=False, default_factory=list)  # per round: drafted, depth, accepted, kind, seconds
     token_ids: list[int] = field(repr=False, default_factory=list)
-    distribution_exact: bool = True  # False under typical acceptance with sampling: output not distributed as p
+    distribution_exact: bool = True  # False under typical acceptance with sampling and a drafter: not distributed as p
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -286,7 +286,7 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
             yield Chunk(stopper.new_text(), committed, accepted_here, kind)
     seconds = time.perf_counter() - t0
     final = summarize(stopper, len(prompt_ids), seconds, prefill, forwards, draft_s, target_s, rounds)
-    final.distribution_exact = mode != "typical"
+    final.distribution_exact = not (mode == "typical" and drafter is not None)  # plain decoding has no draft to accept loosely
     yield Chunk(stopper.new_text(), committed, accepted_here, kind, final)
 
 

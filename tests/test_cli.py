@@ -219,6 +219,8 @@ def no_loading(monkeypatch):
     (["hi", "--no-pool"], "--no-pool"), (["hi", "--exit-layer", "2"], "--exit-layer"),
     (["hi", "--sources", "prompt-lookup"], "--sources is read only by hybrid"),
     (["hi", "--method", "lookahead", "--heads", "/tmp"], "--heads is read only by eagle and medusa"),
+    (["hi", "--acceptance", "typical", "--temperature", "0.7"], "plain decoding drafts none"),  # was ignored
+    (["hi", "--method", "medusa", "--posterior-threshold", "0.2"], "--posterior-threshold is read only by --acceptance"),
 ])
 def test_bad_input_refused_before_loading(folder, capsys, no_loading, args, message):
     assert main(["generate"] + args[:1] + ["--model", folder] + args[1:]) == 2

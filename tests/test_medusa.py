@@ -324,6 +324,8 @@ def test_typical_acceptance_only_when_asked(env):
                 posterior_threshold=0.3, posterior_alpha=0.5)
     assert not lossy.distribution_exact
     assert run(env, ids, d, FixedK(K), max_new_tokens=5, acceptance="typical").distribution_exact  # greedy
+    plain = run(env, ids, max_new_tokens=20, sampling=sp, acceptance="typical")  # no drafter: nothing accepted loosely
+    assert plain.distribution_exact and plain.token_ids == run(env, ids, max_new_tokens=20, sampling=sp).token_ids
     with pytest.raises(ValueError, match="acceptance"):
         Request(acceptance="lossy")
 
@@ -388,6 +390,22 @@ def test_examples_label_head_i_with_the_targets_token_i_plus_one_ahead():
     assert ex.vocab.tolist() == [10, 11, 12, 13, 14, 15, 16]  # documents 0 and 1 train, document 2 is held out
     assert ex.target[:, 0].tolist() == [1, 2, 3, -1, 5, 6, -1, -1, -1, -1]  # 18, 19: outside the draft vocabulary
     assert ex.train.tolist() == [0, 1, 2, 4, 5] and ex.val.tolist() == [7, 8]
+
+
+@pytest.mark.parametrize("doc", [[0] * 10, [0] * 9 + [1]], ids=["one document", "a held-out document of one token"])
+def test_a_corpus_without_validation_positions_is_one_clear_error(doc):
+    """`specdec train medusa --data notes.txt` (one file: one document) ended in numpy's "need at least one array
+    to concatenate" from the validation pass; it is the corpus-too-small line EAGLE's training gives."""
+    import numpy as np
+
+    from specdec.errors import SpecdecError
+    from specdec.training import medusa as T
+    from specdec.training.hidden_cache import HiddenCache
+
+    labels = np.arange(10, 20, dtype=np.int32)
+    cache = HiddenCache(None, {"tokens": 10}, labels=labels, tokens=labels, doc=np.array(doc, np.int32))
+    with pytest.raises(SpecdecError, match="corpus is too small: need at least two documents"):
+        T.Examples(cache, T.TrainSettings(heads=2))
 
 
 def test_after_hits_counts_a_head_only_where_the_heads_before_it_hit():

@@ -75,8 +75,8 @@ def register(sub) -> None:
                    help="draft length: auto (adaptive, the default) or a fixed N in 0..1000")
     p.add_argument("--device", default="cpu", metavar="cpu|cuda[:N]", help=DEVICE_HELP + " (--compare-hf runs "
                    "transformers on the same device; --compare-llamacpp runs on cpu only)")
-    add_lookahead_args(p)
-    add_medusa_args(p, acceptance=False)  # benchmarks verify exactly
+    add_lookahead_args(p, flag="--methods")
+    add_medusa_args(p, acceptance=False, flag="--methods")  # benchmarks verify exactly
     p.add_argument("--plain-dtypes", default=None, metavar="D,D",
                    help="also time our plain decoding in these dtypes, each its own loaded model, interleaved "
                         "with the rest (rows plain-D; not checked against plain's tokens: other weights), "

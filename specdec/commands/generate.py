@@ -41,9 +41,9 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-new-tokens", type=int, default=128, help="token limit (default 128)")
     g.add_argument("--temperature", type=float, default=0.0,
                    help="0 = greedy (default); as T nears 0, sampling nears greedy (ties share the probability)")
-    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1 = off)")
-    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability (0 = off)")
+    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (default 1 = off)")
+    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability (default 0 = off)")
     g.add_argument("--seed", type=int, default=None,
                    help="random seed 0..2**64-1: same seed, same output. Deterministic drafts (prompt lookup, "
                         "recycling, lookahead, retrieval, medusa, eagle's trees) give plain sampling's tokens; "
@@ -81,8 +81,8 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
                         "built by `specdec datastore build --model NAME --from sharegpt`)")
 
 
-def add_lookahead_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("lookahead decoding (--method lookahead, or a hybrid source)")
+def add_lookahead_args(p: argparse.ArgumentParser, flag: str = "--method") -> None:
+    g = p.add_argument_group(f"lookahead decoding ({flag} lookahead, or a hybrid source)")
     g.add_argument("--lookahead", default="auto", choices=["auto"],
                    help="auto (default): window, n-gram size and guesses fitted to the budget `specdec probe` "
                         "measured for this model and dtype (probed once if needed); the flags below override")
@@ -95,8 +95,8 @@ def add_lookahead_args(p: argparse.ArgumentParser) -> None:
                    help="keep no n-gram pool: verify only the n-grams the window just produced (a baseline)")
 
 
-def add_medusa_args(p: argparse.ArgumentParser, acceptance: bool = True) -> None:
-    g = p.add_argument_group("medusa, eagle and recycling (--method medusa|eagle|recycling, or a hybrid source)")
+def add_medusa_args(p: argparse.ArgumentParser, acceptance: bool = True, flag: str = "--method") -> None:
+    g = p.add_argument_group(f"medusa, eagle and recycling ({flag} medusa|eagle|recycling, or a hybrid source)")
     g.add_argument("--heads", default=None, metavar="DIR",
                    help="heads folder written by `specdec train medusa|eagle` (eagle: also a published EAGLE-3 "
                         "head for the same target, as vLLM/SGLang load it) (default: the store's heads for "
@@ -154,7 +154,8 @@ READ_BY = {  # a method flag: its argparse dest, its default, and the methods th
 
 def check_flags_read(args, methods, also: dict[str, bool] | None = None) -> None:
     """Refuse a method flag that none of `methods` reads (a hybrid reads its sources'), so that
-    `--method plain --tree dynamic` is an error, not a silently plain run. `also`: flags read for another reason
+    `--method plain --tree dynamic` is an error, not a silently plain run; likewise typical acceptance without a
+    drafter, and its epsilon and delta without it. `also`: flags read for another reason
     (bench's --draft by hf-assisted)."""
     from specdec.options import OptionError, check_sources
 
@@ -164,6 +165,14 @@ def check_flags_read(args, methods, also: dict[str, bool] | None = None) -> None
             raise OptionError(f"{flag} is read only by {' and '.join(sorted(readers))} (or a hybrid with "
                               f"{'it' if len(readers) == 1 else 'them'} as a source), and no method here is one: "
                               f"drop {flag} or choose such a method")
+    typical = getattr(args, "acceptance", "exact") == "typical"
+    if typical and reading <= {"plain"}:
+        raise OptionError("--acceptance typical loosens how drafted tokens are accepted, and plain decoding drafts "
+                          "none: drop it or choose a speculative method")
+    for flag, dest, default in (("--posterior-threshold", "posterior_threshold", TYPICAL_EPSILON),
+                                ("--posterior-alpha", "posterior_alpha", TYPICAL_DELTA)):
+        if not typical and getattr(args, dest, default) != default:
+            raise OptionError(f"{flag} is read only by --acceptance typical: drop it or add --acceptance typical")
 
 
 def read_prompt(arg: str) -> str:

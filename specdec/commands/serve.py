@@ -37,7 +37,8 @@ def register(sub) -> None:
     p.add_argument("--budget", default="auto", metavar="N|auto",
                    help="what speculation may spend: auto (default) = the forward-cost curve `specdec probe` "
                         "measured for this model and dtype (measured once if missing): a request gets its k "
-                        "while the step's predicted tokens per second rise; N = the lesson's budget line: "
+                        "when the tokens it adds per time it adds beat the step's own predicted rate by 20%%; N = "
+                        "the lesson's budget line: "
                         "B + the speculating requests' k + 1 stay within N positions")
     p.add_argument("--prefill-chunk", type=int, default=128, metavar="N",
                    help="prompt tokens prefilled per step beside decoding, all new requests together (default "

@@ -78,8 +78,11 @@ class Examples:
         usable = (self.target >= 0).any(1)
         self.train = np.nonzero(train & usable)[0]
         val = np.nonzero(~train & (full[:, 0] >= 0))[0]
+        if not len(val):  # one document (a single .txt file is one), or held-out documents of one token
+            raise SpecdecError("the corpus is too small: need at least two documents of 2+ tokens (the last "
+                               f"{s.val_fraction:.0%} of them are held out for validation)")
         rng = np.random.default_rng(s.seed)
-        self.val = np.sort(rng.choice(val, min(len(val), s.val_max), replace=False)) if len(val) else val
+        self.val = np.sort(rng.choice(val, min(len(val), s.val_max), replace=False))
 
 
 def _batch(cache: HiddenCache, idx: np.ndarray) -> torch.Tensor:
