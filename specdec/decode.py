@@ -286,7 +286,7 @@ def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], requ
             yield Chunk(stopper.new_text(), committed, accepted_here, kind)
     seconds = time.perf_counter() - t0
     final = summarize(stopper, len(prompt_ids), seconds, prefill, forwards, draft_s, target_s, rounds)
-    final.distribution_exact = not (mode == "typical" and drafter is not None)  # plain decoding has no draft to accept loosely
+    final.distribution_exact = not (mode == "typical" and drafter is not None)  # plain decoding: no draft to loosen
     yield Chunk(stopper.new_text(), committed, accepted_here, kind, final)
 
 

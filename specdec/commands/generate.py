@@ -43,7 +43,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="0 = greedy (default); as T nears 0, sampling nears greedy (ties share the probability)")
     g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (default 1 = off)")
-    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability (default 0 = off)")
+    g.add_argument("--min-p", type=float, default=0.0,
+                   help="drop tokens below min_p x the top probability (default 0 = off)")
     g.add_argument("--seed", type=int, default=None,
                    help="random seed 0..2**64-1: same seed, same output. Deterministic drafts (prompt lookup, "
                         "recycling, lookahead, retrieval, medusa, eagle's trees) give plain sampling's tokens; "

@@ -53,8 +53,10 @@ def register(sub) -> None:
                    help="model name to request (default: the server's; with --serve: the model to serve, "
                         "default smollm2-135m)")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="with --serve: the weights' dtype (default auto)")
-    p.add_argument("--kv-dtype", default="auto", choices=KV_DTYPES, help="with --serve: the KV cache's dtype (default auto)")
-    p.add_argument("--device", default="cpu", metavar="cpu|cuda[:N]", help="with --serve: the servers' --device (default cpu)")
+    p.add_argument("--kv-dtype", default="auto", choices=KV_DTYPES,
+                   help="with --serve: the KV cache's dtype (default auto)")
+    p.add_argument("--device", default="cpu", metavar="cpu|cuda[:N]",
+                   help="with --serve: the servers' --device (default cpu)")
     p.add_argument("--budget", default="auto", help="with --serve: the servers' --budget (default auto: the probe's)")
     p.add_argument("--max-batch", type=int, default=16, help="with --serve: the servers' --max-batch (default 16)")
     p.add_argument("--method", default="prompt-lookup", choices=["prompt-lookup", "recycling", "eagle"],

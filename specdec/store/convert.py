@@ -101,7 +101,8 @@ def _safetensors_header(entries: list[tuple[str, tuple[int, ...]]], metadata: di
 def _missing(names: set[str], n_layer: int) -> list[str]:
     """The Hugging Face weights a llama / qwen2 model of `n_layer` layers needs that `names` lacks (biases and the
     output head are optional: qwen2 files have biases, tied models no head)."""
-    need = ["model.norm.weight"] + [f"model.layers.{i}.{hf}.weight" for i in range(n_layer) for hf in _BLOCK_NAMES.values()]
+    need = ["model.norm.weight"] + [f"model.layers.{i}.{hf}.weight"
+                                    for i in range(n_layer) for hf in _BLOCK_NAMES.values()]
     return [n for n in need if n not in names]
 
 

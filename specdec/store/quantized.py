@@ -14,10 +14,10 @@ a known model's packages, fetched again (pip's cache makes that seconds).
 Cache: `<model folder>/quant/<fmt>-v<LAYOUT>.safetensors` for folders in the store, else
 `$SPECDEC_HOME/quant/<folder key>/<fmt>-v<LAYOUT>.safetensors`; written atomically, with the layout version
 and a summary of the sources in its metadata, and for a folder outside the store its weights' files (name, size,
-mtime: `weights_stamp`): a cache of other weights than the folder's now is rebuilt. A cache of another layout is never read (its name differs,
-and its metadata is checked too): it is rebuilt, and the older ones (`<fmt>.safetensors` before layout 3)
-are removed once the new one is saved. A fused projection (q|k|v, gate|up) whose parts come in different
-formats keeps one part per run of rows in one format.
+mtime: `weights_stamp`): a cache of other weights than the folder's now is rebuilt. A cache of another layout is
+never read (its name differs, and its metadata is checked too): it is rebuilt, and the older ones
+(`<fmt>.safetensors` before layout 3) are removed once the new one is saved. A fused projection (q|k|v, gate|up)
+whose parts come in different formats keeps one part per run of rows in one format.
 """
 
 from __future__ import annotations
