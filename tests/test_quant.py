@@ -192,7 +192,8 @@ def test_gguf_blocks_are_lossless(qtype):
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
 def test_k_formats_close_to_the_dequantized_matmul(qtype):
     """q4k and q6k quantize the activations per super-block of 256 (llama.cpp's Q8_K): still within 8-bit
-    noise of the exact product, and q4k is q4's weights (s = d*sc, m = dmin*mn) in fewer bytes."""
+    noise of the exact product, and q4k is q4's weights (s = d*sc, m = dmin*mn, which q4 holds in fp16) in
+    fewer bytes."""
     qw = k_weight(qtype, 40, 768)
     x = torch.randn(5, 768)
     exact = x.double() @ Q.dequantize(qw).double().t()
@@ -200,8 +201,10 @@ def test_k_formats_close_to_the_dequantized_matmul(qtype):
     if qtype == "Q4_K":
         q, s, m = Q._as_q4(qw)
         as_q4 = Q.pack("q4", q.to(torch.uint8), s, m, in_features=768)
-        assert torch.equal(Q.dequantize(qw), Q.dequantize(as_q4))
-        assert qw.nbytes / as_q4.nbytes == pytest.approx(0.59375 / 0.75)
+        w, w4 = Q.dequantize(qw), Q.dequantize(as_q4)
+        assert not torch.equal(w, w4)  # d * sc needs more than fp16's 11 bits
+        assert (w - w4).abs().max() <= 2 ** -10 * (15 * s.abs().max() + m.abs().max())  # one fp16 rounding each
+        assert qw.nbytes / as_q4.nbytes == pytest.approx(0.59375 / 0.625)
 
 
 def _extreme_k(fmt, out_f, in_f):
@@ -600,3 +603,22 @@ def test_a_folder_saved_again_is_not_served_its_old_cache(tmp_path):
     quantized.cache_path(folder, "q8").unlink()
     fresh = load_transformer(folder, "q8")  # built from the new weights
     assert torch.equal(again(ids, again.new_cache(8)).logits, fresh(ids, fresh.new_cache(8)).logits)
+
+
+def test_a_weight_beyond_fp16_is_refused_in_one_line(tmp_path, monkeypatch):
+    """q8 and q4 hold their block scales in fp16 (as a GGUF does): a folder whose weights need a larger scale or
+    min (|w| > 65504) is refused naming the weight and what to use instead, never packed with an infinite scale."""
+    from safetensors.torch import load_file, save_file
+
+    from specdec.errors import SpecdecError
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    folder = save_tiny("llama", tmp_path / "model")
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.layers.0.mlp.down_proj.weight"][3, 5] = -1e5
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(SpecdecError, match=r"down_proj.*fp16.*bf16"):
+        load_transformer(folder, "q4")
+    load_transformer(folder, "q8")  # q8's d = amax / 127 holds weights up to 8.3e6
+    with pytest.raises(ValueError, match="fp16"):
+        Q.quantize(torch.full((1, 32), 1e7), "q8")

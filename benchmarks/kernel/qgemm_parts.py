@@ -75,8 +75,7 @@ def main():
                     for i, lib in enumerate(libs):
                         t = time.perf_counter()
                         for w in ws:
-                            lib.qgemm(Q._FMT[fmt], {**Q.ISAS, **Q.PREFILL_ISAS}[args.isa], x.data_ptr(), w.data.data_ptr(),
-                                      w.scales.data_ptr(), None if w.mins is None else w.mins.data_ptr(), None,
+                            lib.qgemm(Q._FMT[fmt], {**Q.ISAS, **Q.PREFILL_ISAS}[args.isa], x.data_ptr(), *w.pointers[1:], None,
                                       ys[i].data_ptr(), out, n, inn, out, args.threads)
                         if rep:
                             times[i].append(time.perf_counter() - t)

@@ -18,8 +18,7 @@ for key in [k for k in g if k[1] in (17920, 8960*0+1536) and k[2] == 1536][:2] +
             for rep in range(30):
                 t = time.perf_counter()
                 for _ in range(20):
-                    lib.qgemm(Q._FMT[fmt], Q.ISAS["vnni512"], x.data_ptr(), qw.data.data_ptr(), qw.scales.data_ptr(),
-                              None if qw.mins is None else qw.mins.data_ptr(), None, y.data_ptr(), out, n, inn, out, 1)
+                    lib.qgemm(Q._FMT[fmt], Q.ISAS["vnni512"], x.data_ptr(), *qw.pointers[1:], None, y.data_ptr(), out, n, inn, out, 1)
                 ts.append((time.perf_counter() - t) / 20)
             m = min(ts); res.append(f"{m*1e6:8.1f}us {out*inn*n/m/1e9:6.1f}GMAC/s")
         print(fmt, out, inn, n, " | ".join(res), flush=True)

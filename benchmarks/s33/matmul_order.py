@@ -37,8 +37,7 @@ def sweep(mods, n=1, threads=None, reps=25, steps=5) -> float:
 
 
 def nbytes(mods) -> int:
-    return sum(p.data.numel() + p.scales.numel() * 4 + (0 if p.mins is None else p.mins.numel() * 4)
-               for m in mods for p in m.parts)
+    return sum(p.nbytes for m in mods for p in m.parts)
 
 
 def main():

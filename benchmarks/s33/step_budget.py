@@ -32,8 +32,7 @@ def main():
     llm = LLM(args.model, dtype="q4")
     model = llm.model
     linears = [m for m in model.modules() if isinstance(m, QLinear)]  # registration order: layers', then the head
-    wbytes = sum(p.data.numel() * p.data.element_size() + p.scales.numel() * 4 + (0 if p.mins is None else p.mins.numel() * 4)
-                 for m in linears for p in m.parts)
+    wbytes = sum(p.nbytes for m in linears for p in m.parts)
     print(f"{args.model} q4: {len(linears)} quantized projections, {wbytes / 1e6:.1f} MB of packed weights and scales; "
           f"threads {torch.get_num_threads()}, isa {quant.isa()}")
     prompt = torch.randint(100, 1000, (1, args.context))

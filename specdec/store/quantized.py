@@ -36,7 +36,7 @@ from specdec.errors import SpecdecError
 from specdec.runtime.config import ModelConfig, read_json
 from specdec.runtime.kernels import quant as Q
 
-LAYOUT = "3"  # bump when the packed layout or the sources' mapping changes: old caches are rebuilt
+LAYOUT = "4"  # bump when the packed layout or the sources' mapping changes: old caches are rebuilt
 RAW = {"Q4_K": "q4k", "Q6_K": "q6k", "Q4_1": "q4", "Q4_0": "q4", "Q8_0": "q8", "Q5_0": "q8"}  # held as they are
 
 
@@ -161,7 +161,10 @@ def build(folder: Path, fmt: str, gguf_path: Path | None = None) -> tuple[dict[s
     for ours, names in linears(cfg, where).items():
         runs: list[list] = []  # [fmt, [row-major parts]]
         for name in names:
-            f, note, blocks = _part(fmt, name, fp32, raw, arch, cfg)
+            try:
+                f, note, blocks = _part(fmt, name, fp32, raw, arch, cfg)
+            except ValueError as e:  # a weight q8 / q4 cannot hold (fp16 scales)
+                raise SpecdecError(f"{folder}: {name}: {e}") from None
             summary[note] = summary.get(note, 0) + 1
             if runs and runs[-1][0] == f:
                 runs[-1][1].append(blocks)
@@ -194,9 +197,9 @@ def _save(path: Path, weights: dict[str, list[Q.QWeight]], meta: dict) -> None:
     for name, ps in weights.items():
         parts[name] = [[p.fmt, p.out_features, p.in_features] for p in ps]
         for j, p in enumerate(ps):
-            tensors[f"{name}.{j}.data"], tensors[f"{name}.{j}.scales"] = p.data, p.scales
-            if p.mins is not None:
-                tensors[f"{name}.{j}.mins"] = p.mins
+            for field in ("data", "scales", "mins"):
+                if getattr(p, field) is not None:
+                    tensors[f"{name}.{j}.{field}"] = getattr(p, field)
     write_safetensors(path, tensors, metadata={"layout": LAYOUT, "parts": json.dumps(parts), **meta})
 
 
@@ -223,7 +226,7 @@ def _load(path: Path, stamp: str | None = None) -> tuple[dict[str, list[Q.QWeigh
         t = load_file(str(path))
     except Exception:  # unreadable or half-written by an older version: rebuild
         return None
-    weights = {name: [Q.QWeight(f, o, i, t[f"{name}.{j}.data"], t[f"{name}.{j}.scales"], t.get(f"{name}.{j}.mins"))
+    weights = {name: [Q.QWeight(f, o, i, t[f"{name}.{j}.data"], t.get(f"{name}.{j}.scales"), t.get(f"{name}.{j}.mins"))
                       for j, (f, o, i) in enumerate(ps)] for name, ps in json.loads(meta["parts"]).items()}
     return weights, json.loads(meta.get("summary", "{}"))
 

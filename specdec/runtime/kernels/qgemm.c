@@ -1,8 +1,8 @@
 /* Quantized skinny GEMM: y[n, out] = x[n, in] . W[out, in]^T (+ bias), x and y fp32, W in blocks of 32.
  *
  * Weight formats (see kernels/quant.py; per output row, per block of 32 inputs):
- *   q8:  w = d * q,        q int8 in -127..127, stored as the unsigned byte q + 128, d fp32;
- *   q4:  w = s * q - m,    q in 0..15, two per byte, s and m fp32;
+ *   q8:  w = d * q,        q int8 in -127..127, stored as the unsigned byte q + 128, d fp16 (GGUF Q8_0);
+ *   q4:  w = s * q - m,    q in 0..15, two per byte, s and m fp16 (GGUF Q4_1);
  *   q4k: GGUF Q4_K kept as it is: w = (d * sc) * q - (dmin * mn), q in 0..15, sc and mn 6-bit integers per
  *        block of 32, d and dmin fp32 (the file's fp16) per super-block of 256: 0.5625 + 0.0156 bytes a weight;
  *   q6k: GGUF Q6_K kept as it is: w = d * sc * (q - 32), q in 0..63, sc an int8 per sub-block of 16,
@@ -17,16 +17,21 @@
  * per group and block the bytes are ordered so one 64-byte load holds 4 consecutive inputs of each of
  * the 16 outputs. `vpdpbusd` multiplies those unsigned bytes with the same 4 signed activation bytes
  * broadcast to every lane and adds the 4 products into each output's lane: no horizontal sums.
- *   q8, per group and block, 512 bytes: byte [t][k][e] = q[16g + k][32b + 4t + e] + 128  (t < 8);
- *   q4, per group and block, 256 bytes of nibbles: byte [c][k][e] = q[16g + k][32b + 8c + e]
- *                                                  | q[16g + k][32b + 8c + 4 + e] << 4  (c < 4);
+ *   q8, per group and block, 544 bytes: byte [t][k][e] = q[16g + k][32b + 4t + e] + 128  (t < 8), then d
+ *        fp16 [k] (32 bytes);
+ *   q4, per group and block, 320 bytes: 256 of nibbles, byte [c][k][e] = q[16g + k][32b + 8c + e]
+ *        | q[16g + k][32b + 8c + 4 + e] << 4  (c < 4), then s fp16 [k] and m fp16 [k] (32 bytes each);
  *   q4k, per group and super-block, 2304 bytes: the 8 blocks' nibbles as q4 (2048), then sc [8][16] and
  *        mn [8][16] as bytes (block, lane);
  *   q6k, per group and super-block, 3328 bytes: the 8 blocks' low 4 bits as q4's nibbles (2048), then the
  *        high 2 bits, 128 bytes a block: byte [p][k][e] holds input 32b + 16p + 4j + e of output k at bits
  *        2j..2j+1 (j < 4), then sc [16][16] as int8 (sub-block, lane);
- *   scales fp32 [group][block][16] (q8, q4: d or s) or [group][super-block][16] (q4k, q6k: d), mins the
- *   same for q4 (m) and q4k (dmin). Rows past `out` and inputs past `in` are zero.
+ *   q4k, q6k: scales fp32 [group][super-block][16] (d), mins the same for q4k (dmin). Rows past `out` and
+ *   inputs past `in` are zero.
+ * q8 and q4 keep their scales beside their bytes so a matrix is one stream: with fp32 scales and mins in
+ * streams of their own, a SmolLM2 q4 step's layers took 1.2-1.4x as long (benchmarks/s33/q4_layouts.c, the
+ * model of it; BENCHMARKS.md session 34, the kernel). q4 chunks are 5 cache lines; q8's 8.5, so every
+ * other block's 64-byte loads straddle two lines, each half of them inside one.
  *
  * Exact integer part, whatever instructions compute it: vpdpbusd on the biased q8 bytes then minus 128 * sx,
  * or on nibbles (AVX512-VNNI); |q| times sign-adjusted qx with vpmaddubsw + vpmaddwd (AVX2, no saturation:
@@ -91,8 +96,10 @@ enum { ISA_AVX2 = 1, ISA_VNNI512 = 2, ISA_AMX = 3 };
 
 /* Bytes per group and block (q8, q4), or per group and super-block (q4k, q6k). */
 static inline __attribute__((always_inline)) int64_t chunk_bytes(const int fmt) {
-    return fmt == FMT_Q8 ? 512 : fmt == FMT_Q4 ? 256 : fmt == FMT_Q4K ? 2304 : 3328;
+    return fmt == FMT_Q8 ? 544 : fmt == FMT_Q4 ? 320 : fmt == FMT_Q4K ? 2304 : 3328;
 }
+/* Where a q8 or q4 block's fp16 scales start in its chunk (q4's mins 32 bytes after). */
+#define SCALES_AT(fmt) ((fmt) == FMT_Q8 ? 512 : 256)
 #define KFMT(fmt) ((fmt) == FMT_Q4K || (fmt) == FMT_Q6K)
 
 typedef struct {
@@ -185,9 +192,7 @@ tile512(const int fmt, const uint8_t *W, const float *S, const float *M, acts a,
         const int8_t *xb = a.xq + row0 * nb * QB + b * QB;
         { /* the weights PF_BLOCKS blocks ahead (past the group's end: the next group's, laid out after it) */
             const char *ahead = (const char *)(W + (b + PF_BLOCKS) * per);
-            for (int l = 0; l < per / 64; l++) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
-            _mm_prefetch((const char *)(S + (b + PF_BLOCKS) * G), _MM_HINT_T0);
-            if (M) _mm_prefetch((const char *)(M + (b + PF_BLOCKS) * G), _MM_HINT_T0);
+            for (int l = 0; l < (per + 63) / 64; l++) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
         }
         const uint8_t *chunk = W + b * per;
         if (fmt == FMT_Q8) {
@@ -205,7 +210,7 @@ tile512(const int fmt, const uint8_t *W, const float *S, const float *M, acts a,
                         is[r] = _mm512_dpbusd_epi32(is[r], u[e], _mm512_set1_epi32(load4(xb + r * nb * QB + 4 * (2 * c + e))));
             }
         }
-        __m512 sc = _mm512_loadu_ps(S + b * G);
+        __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(chunk + SCALES_AT(fmt))));
         if (fmt == FMT_Q8) {
             for (int r = 0; r < R; r++) {
                 int64_t i = (row0 + r) * nb + b;
@@ -214,7 +219,7 @@ tile512(const int fmt, const uint8_t *W, const float *S, const float *M, acts a,
                 acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum)));
             }
         } else {
-            __m512 mn = _mm512_loadu_ps(M + b * G);
+            __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(chunk + SCALES_AT(fmt) + 32)));
             for (int r = 0; r < R; r++) {
                 int64_t i = (row0 + r) * nb + b;
                 __m512 d = _mm512_mul_ps(sc, _mm512_set1_ps(a.dx[i]));
@@ -355,7 +360,7 @@ static inline __attribute__((always_inline)) void tile256(const int fmt, const u
         __m256i is[ROWS];
         UNROLL for (int r = 0; r < R; r++) is[r] = _mm256_setzero_si256();
         const int8_t *xb = a.xq + row0 * nb * QB + b * QB;
-        const uint8_t *w = W + b * chunk_bytes(fmt) + 32 * h;
+        const uint8_t *chunk = W + b * chunk_bytes(fmt), *w = chunk + 32 * h;
         if (fmt == FMT_Q8) {
             UNROLL for (int t = 0; t < 8; t++) {
                 __m256i v = _mm256_loadu_si256((const __m256i *)(w + 64 * t));
@@ -371,14 +376,14 @@ static inline __attribute__((always_inline)) void tile256(const int fmt, const u
                         is[r] = dot4_avx2(is[r], u[e], _mm256_set1_epi32(load4(xb + r * nb * QB + 4 * (2 * c + e))), fmt);
             }
         }
-        __m256 sc = _mm256_loadu_ps(S + b * G + 8 * h);
+        __m256 sc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(chunk + SCALES_AT(fmt) + 16 * h)));
         if (fmt == FMT_Q8) {
             UNROLL for (int r = 0; r < R; r++) {
                 __m256 d = _mm256_mul_ps(sc, _mm256_set1_ps(a.dx[(row0 + r) * nb + b]));
                 acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(d, _mm256_cvtepi32_ps(is[r])));
             }
         } else {
-            __m256 mn = _mm256_loadu_ps(M + b * G + 8 * h);
+            __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(chunk + SCALES_AT(fmt) + 32 + 16 * h)));
             UNROLL for (int r = 0; r < R; r++) {
                 int64_t i = (row0 + r) * nb + b;
                 __m256 d = _mm256_mul_ps(sc, _mm256_set1_ps(a.dx[i]));
@@ -596,16 +601,16 @@ AMX_FN static void dequant_group(int fmt, const uint8_t *W, const float *S, cons
         __m512i c[4];
         __m512 sa, ma, sb, mb;
         if (fmt == FMT_Q8) { /* [t < 8][k][e]: natural order, t < 4 the first 16 inputs */
-            const uint8_t *p = W + b * 512;
+            const uint8_t *p = W + b * chunk_bytes(fmt);
             for (int h = 0; h < 2; h++) {
                 for (int t = 0; t < 4; t++) c[t] = _mm512_loadu_si512(p + 256 * h + 64 * t);
                 pairs_of(c, h, 0, 0, q, all);
             }
-            sa = sb = _mm512_loadu_ps(S + b * 16);
+            sa = sb = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + SCALES_AT(fmt))));
             ma = mb = _mm512_mul_ps(sa, _mm512_set1_ps(128.0f));
         } else {
             const int64_t S_ = b / BPS, j = b % BPS; /* super-block, block in it (k-formats) */
-            const uint8_t *p = fmt == FMT_Q4 ? W + b * 256 : W + S_ * chunk_bytes(fmt) + j * 256;
+            const uint8_t *p = fmt == FMT_Q4 ? W + b * chunk_bytes(fmt) : W + S_ * chunk_bytes(fmt) + j * 256;
             for (int t = 0; t < 4; t++) c[t] = _mm512_loadu_si512(p + 64 * t);
             pairs_of(c, 0, 0, 0, q, m4);
             pairs_of(c, 1, 4, 4, q, m4);
@@ -622,7 +627,8 @@ AMX_FN static void dequant_group(int fmt, const uint8_t *W, const float *S, cons
                                                               _mm512_slli_epi16(_mm512_load_si512(hq + t), 4)));
             }
             if (fmt == FMT_Q4) {
-                sa = sb = _mm512_loadu_ps(S + b * 16), ma = mb = _mm512_loadu_ps(M + b * 16);
+                sa = sb = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + SCALES_AT(fmt))));
+                ma = mb = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + SCALES_AT(fmt) + 32)));
             } else if (fmt == FMT_Q4K) {
                 const uint8_t *scm = W + S_ * 2304 + 2048;
                 sa = sb = _mm512_mul_ps(_mm512_loadu_ps(S + S_ * 16), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
@@ -646,7 +652,7 @@ AMX_FN static int qgemm_amx(int fmt, const float *x, const uint8_t *W, const flo
                             float *y, int64_t ldy, int64_t n, int64_t in, int64_t out, int threads) {
     const int64_t nb = in / QB, groups = (out + G - 1) / G, units = (groups + 1) / 2;
     const int64_t wgroup = KFMT(fmt) ? nb / BPS * chunk_bytes(fmt) : nb * chunk_bytes(fmt);
-    const int64_t sgroup = KFMT(fmt) ? nb / BPS * G : nb * G;
+    const int64_t sgroup = nb / BPS * G; /* q4k, q6k (q8, q4: S and M NULL, the scales in W) */
     uint16_t *xb = aligned_alloc(64, ((size_t)(amx_rows(n) * in) * 2 + 127) & ~(size_t)63);
     if (!xb) return 2;
     amx_round_x(x, xb, n, in, fmt == FMT_Q8 ? 0 : NIB_ORDER);
@@ -666,7 +672,7 @@ AMX_FN static int qgemm_amx(int fmt, const float *x, const uint8_t *W, const flo
             for (int64_t u = u0; u < u1; u++) {
                 const int gs = (int)(groups - 2 * u < 2 ? groups - 2 * u : 2);
                 for (int g = 0; g < gs; g++)
-                    dequant_group(fmt, W + (2 * u + g) * wgroup, S + (2 * u + g) * sgroup,
+                    dequant_group(fmt, W + (2 * u + g) * wgroup, S ? S + (2 * u + g) * sgroup : 0,
                                   M ? M + (2 * u + g) * sgroup : 0, in, A + g * G * in);
                 amx_unit(xb, A, gs, bias, y, ldy, n, in, out, 2 * u * G);
             }
@@ -682,7 +688,7 @@ AMX_FN static int qgemm_amx(int fmt, const float *x, const uint8_t *W, const flo
  * prefill path, AMX-BF16 with AVX512-BF16 and the tiles granted by Linux). */
 int qgemm_supported(int isa) {
     __builtin_cpu_init();
-    if (isa == ISA_AVX2) return __builtin_cpu_supports("avx2");
+    if (isa == ISA_AVX2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
     if (isa == ISA_VNNI512)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
@@ -704,7 +710,7 @@ static const tile_fn *tiles_for(int fmt, int isa) {
     return 0;
 }
 
-/* x [n, in] fp32, W/S/M packed as above (M NULL for q8 and q6k), bias [out] fp32 or NULL, y [n, out] fp32
+/* x [n, in] fp32, W/S/M packed as above (S and M NULL for q8 and q4, M for q6k), bias [out] fp32 or NULL, y [n, out] fp32
  * with row stride ldy (>= out: a part of a wider output); isa ISA_AVX2, ISA_VNNI512, or ISA_AMX (the prefill path,
  * `in` a multiple of 32). q4k and q6k need `in` a multiple of 256.
  * Returns 0, or 1 for an unsupported format, shape or ISA, 2 when out of memory. */
@@ -719,7 +725,7 @@ int qgemm(int fmt, int isa, const float *x, const uint8_t *W, const float *S, co
     const int64_t nb = (in + QB - 1) / QB, groups = (out + G - 1) / G, units = (groups + UNIT - 1) / UNIT;
     const int64_t ns = KFMT(fmt) ? nb / BPS : nb; /* activation scales a row */
     const int64_t wgroup = KFMT(fmt) ? nb / BPS * chunk_bytes(fmt) : nb * chunk_bytes(fmt); /* bytes a group */
-    const int64_t sgroup = KFMT(fmt) ? nb / BPS * G : nb * G;                                /* scales a group */
+    const int64_t sgroup = nb / BPS * G; /* scales a group: q4k, q6k (q8, q4: S and M NULL, the scales in W) */
     int8_t *xq = malloc((size_t)(n * nb * QB) + 64);
     float *dx = malloc((size_t)(n * ns) * sizeof(float) + 64), *dxs = malloc((size_t)(n * nb) * sizeof(float) + 64);
     int32_t *sx = malloc((size_t)(n * nb) * sizeof(int32_t) + 64);
@@ -743,7 +749,7 @@ int qgemm(int fmt, int isa, const float *x, const uint8_t *W, const float *S, co
             int R = (int)(n - i0 < ROWS ? n - i0 : ROWS);
             for (int64_t g = u * UNIT; g < g1; g++) {
                 int valid = (int)(out - g * G < G ? out - g * G : G);
-                tiles[R](W + g * wgroup, S + g * sgroup, M ? M + g * sgroup : 0, a, i0, y + i0 * ldy + g * G,
+                tiles[R](W + g * wgroup, S ? S + g * sgroup : 0, M ? M + g * sgroup : 0, a, i0, y + i0 * ldy + g * G,
                          ldy, bias ? bias + g * G : 0, valid);
             }
         }
