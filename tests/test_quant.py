@@ -622,3 +622,45 @@ def test_a_weight_beyond_fp16_is_refused_in_one_line(tmp_path, monkeypatch):
     load_transformer(folder, "q8")  # q8's d = amax / 127 holds weights up to 8.3e6
     with pytest.raises(ValueError, match="fp16"):
         Q.quantize(torch.full((1, 32), 1e7), "q8")
+
+
+@pytest.mark.parametrize("fmt", Q.FORMATS)
+def test_quantize_rounds_to_nearest_against_the_fp16_scales_it_keeps(fmt):
+    """quantize returns fp32 scales holding fp16 values, and q is the nearest step for those kept scales (and min):
+    every weight within half a step of its dequantized value, not half a step of the unrounded scale's."""
+    w = torch.randn(64, 512, generator=torch.Generator().manual_seed(7))
+    q, s, m = Q.quantize(w, fmt)
+    assert s.dtype == torch.float32 and torch.equal(s, s.half().float())
+    assert m is None or (m.dtype == torch.float32 and torch.equal(m, m.half().float()))
+    got = q.float() * s[..., None] - (0 if m is None else m[..., None])
+    over = (got - w.reshape(64, -1, 32)).abs() - s[..., None] / 2
+    assert over.max().item() <= 1e-6
+
+
+def test_pack_refuses_a_scale_or_min_beyond_fp16():
+    """pack checks fp16's range itself (GGUF blocks and q4k's s = d*sc reach it without quantize): a q8 or q4 scale
+    or min above 65504 is a ValueError, never packed as an infinite fp16."""
+    q, ok = torch.zeros(16, 1, 32, dtype=torch.uint8), torch.ones(16, 1)
+    with pytest.raises(ValueError, match="fp16"):
+        Q.pack("q4", q, ok, ok * 1e5, in_features=32)
+    with pytest.raises(ValueError, match="fp16"):
+        Q.pack("q8", q.to(torch.int8), ok * 1e5, None, in_features=32)
+
+
+def test_a_cache_with_tensors_its_layout_lacks_is_rebuilt(kquant_env, tmp_path):
+    """A cache whose metadata says this layout but whose tensors do not fit it (layout 3's 256-byte q4 chunks with
+    fp32 scales beside them, or a q4k part without its mins) is rebuilt, never handed to the kernel, which would
+    read past the tensors (a crash) or read garbage scales."""
+    from safetensors.torch import load_file, save_file
+
+    good = kquant_env["folder"] / "quant" / f"q4-v{quantized.LAYOUT}.safetensors"  # a store folder keeps its own
+    meta = __import__("safetensors").safe_open(str(good), framework="pt").metadata()
+    t = load_file(str(good))
+    k4 = next(k[:-5] for k in t if k.endswith(".mins"))  # a q4k part
+    shrunk = {**t, "lm_head.0.data": t["lm_head.0.data"][..., :256].contiguous()}
+    for damaged in ({k: v for k, v in t.items() if k != k4 + ".mins"}, shrunk):
+        save_file(damaged, str(tmp_path / "c.safetensors"), metadata=meta)
+        assert quantized._load(tmp_path / "c.safetensors") is None
+    assert quantized._load(good) is not None
+    qw = Q.from_fp32(torch.randn(20, 64), "q4")
+    assert qw.well_formed() and not Q.QWeight("q4", 20, 96, qw.data, None, None).well_formed()

@@ -211,8 +211,9 @@ def weights_stamp(folder: Path) -> str:
 
 
 def _load(path: Path, stamp: str | None = None) -> tuple[dict[str, list[Q.QWeight]], dict] | None:
-    """The cache at `path`, or None to rebuild it: another layout, unreadable, or built from other weights than
-    `stamp` (`weights_stamp`; None: not checked)."""
+    """The cache at `path`, or None to rebuild it: another layout, unreadable, damaged (a tensor missing or of
+    another shape than its format's), or built from other weights than `stamp` (`weights_stamp`; None: not
+    checked)."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -224,11 +225,14 @@ def _load(path: Path, stamp: str | None = None) -> tuple[dict[str, list[Q.QWeigh
         if stamp is not None and meta.get("weights") != stamp:
             return None
         t = load_file(str(path))
-    except Exception:  # unreadable or half-written by an older version: rebuild
+        weights = {name: [Q.QWeight(f, o, i, t[f"{name}.{j}.data"], t.get(f"{name}.{j}.scales"),
+                                    t.get(f"{name}.{j}.mins")) for j, (f, o, i) in enumerate(ps)]
+                   for name, ps in json.loads(meta["parts"]).items()}
+        if not all(qw.well_formed() for parts in weights.values() for qw in parts):
+            return None  # damaged: the kernel would read past its tensors
+        return weights, json.loads(meta.get("summary", "{}"))
+    except Exception:  # unreadable, half-written by an older version, or a format we lack: rebuild
         return None
-    weights = {name: [Q.QWeight(f, o, i, t[f"{name}.{j}.data"], t.get(f"{name}.{j}.scales"), t.get(f"{name}.{j}.mins"))
-                      for j, (f, o, i) in enumerate(ps)] for name, ps in json.loads(meta["parts"]).items()}
-    return weights, json.loads(meta.get("summary", "{}"))
 
 
 def source_gguf(folder: Path, work: Path, why: str = "for its own 4-bit blocks") -> Path | None:

@@ -82,6 +82,16 @@ class QWeight:
         """(format code, data, scales, mins addresses; 0 for none) for qgemm: the tensors never move once packed."""
         return (_FMT[self.fmt], self.data.data_ptr(), *(0 if t is None else t.data_ptr() for t in (self.scales, self.mins)))
 
+    def well_formed(self) -> bool:
+        """Whether the tensors have the shapes and dtypes the kernel reads for this format and size (a cache of
+        another layout, or damaged, is not: the kernel would read past them)."""
+        groups, nb = -(-self.out_features // GROUP), -(-self.in_features // BLOCK)
+        chunk, per = {"q8": (544, 1), "q4": (320, 1), "q4k": (2304, 8), "q6k": (3328, 8)}[self.fmt]
+        side = [(self.scales, self.fmt in ("q4k", "q6k")), (self.mins, self.fmt == "q4k")]
+        return (self.data.dtype == torch.uint8 and tuple(self.data.shape) == (groups, nb // per, chunk)
+                and nb % per == 0 and all((t is not None) == want and (t is None or (
+                    t.dtype == torch.float32 and tuple(t.shape) == (groups, nb // per, GROUP))) for t, want in side))
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.data, self.scales, self.mins) if t is not None)
@@ -322,7 +332,7 @@ def _declare(lib) -> None:
     lib.qgemm_supported.restype = ctypes.c_int
     lib.qgemm_supported.argtypes = [ctypes.c_int]
     if not lib.qgemm_supported(ISAS["avx2"]):
-        raise RuntimeError("the CPU lacks AVX2")
+        raise RuntimeError("the CPU lacks AVX2 or F16C")
 
 
 _kernel = kernels.Library(SOURCE, CFLAGS, _declare, "the quantized-matmul kernel is unavailable; using the torch path")
