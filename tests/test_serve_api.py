@@ -153,6 +153,8 @@ def test_sse_framing(tiny, live):
     ({"max_tokens": 0}, "max_tokens"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"speculation": {"method": "draft"}}, "method"),
+    ({"speculation": {"method": ""}}, "method"),
+    ({"speculation": {"method": "plain", "k": 4}}, "drafts nothing"),  # k would be ignored without a word  # not the server's method by default: it was served as that
     ({"speculation": {"method": "eagle"}}, "no EAGLE head"),  # the tiny model has none: a 400, not an error event
     ({"priority": "vip"}, "priority"),
     ({"prompt": [999999]}, "token ids"),
@@ -322,6 +324,41 @@ def test_ctrl_c_answers_the_requests_in_flight(tiny):
     waiting.join(timeout=30)
     thread.join(timeout=30)
     assert not thread.is_alive()
+    assert frames[-1] == "data: [DONE]" and "shutting down" in json.loads(frames[-2].removeprefix("data: "))["error"]["message"]
+    assert answers["plain"].status_code == 503 and "shutting down" in answers["plain"].json()["error"]["message"]
+
+
+def test_a_second_ctrl_c_answers_the_requests_in_flight_at_once(tiny):
+    """A second Ctrl-C ends the grace: the requests in flight get their answers now (uvicorn's force exit cut them
+    off: a 500 for a waiting client, a stream without [DONE], and a traceback each on stderr)."""
+    from specdec.serving.app import Server
+
+    folder, model, tok = tiny
+    engine = SlowEngine(model, tok, budget=6, max_batch=1)  # one running, one waiting
+    config = uvicorn.Config(create_app(engine, folder), host="127.0.0.1", port=0, log_level="warning",
+                            timeout_graceful_shutdown=60)
+    server = Server(config, engine, grace=60)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1/completions"
+    body = {"model": folder, "prompt": "abc", "max_tokens": 200, "temperature": 0, "speculation": False}
+    answers = {}
+    waiting = threading.Thread(target=lambda: answers.update(plain=httpx.post(url, json=body, timeout=30)))
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=30) as r:
+        lines = r.iter_lines()
+        next(lines)
+        waiting.start()
+        while not engine.waiting:
+            time.sleep(0.01)
+        start = time.time()
+        server.handle_exit(signal.SIGINT, None)
+        server.handle_exit(signal.SIGINT, None)
+        frames = [line for line in lines if line]
+    waiting.join(timeout=30)
+    thread.join(timeout=30)
+    assert not thread.is_alive() and time.time() - start < 20  # not the 60 s grace
     assert frames[-1] == "data: [DONE]" and "shutting down" in json.loads(frames[-2].removeprefix("data: "))["error"]["message"]
     assert answers["plain"].status_code == 503 and "shutting down" in answers["plain"].json()["error"]["message"]
 

@@ -53,7 +53,7 @@ def register(sub) -> None:
                         "every step)")
     p.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                    help="after Ctrl-C (or SIGTERM), how long in-flight requests may run before they are cancelled "
-                        "(default 5)")
+                        "(default 5; a second Ctrl-C cancels them at once)")
     p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECDEC_API_KEY, else none)")
     p.set_defaults(func=run)

@@ -249,7 +249,10 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
                           "context_length_exceeded")
         spec = body.speculation
         if isinstance(spec, Speculation):
-            how = (spec.method or method, spec.k)
+            how = (method if spec.method is None else spec.method, spec.k)  # "" is a bad method, not the default
+            if how[0] == "plain" and spec.k not in ("auto", 0):
+                raise Refused(f"speculation.k = {spec.k} is read only when drafting, and plain decoding drafts nothing: "
+                              "leave k out or name a drafting method", "speculation.k")
         else:
             how = (method, "auto") if spec in (True, "auto", "on") else ("plain", "auto")
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
@@ -405,11 +408,12 @@ class Server(uvicorn.Server):
     """uvicorn's server for an engine's app. The first Ctrl-C (or SIGTERM) gives in-flight requests `grace`
     seconds, then cancels them in the engine, so each still gets its answer (a 503, or a stream ended by an error
     event and [DONE]) before uvicorn's own deadline (its config's timeout_graceful_shutdown, which should be
-    longer), which would cut them off mid-response."""
+    longer), which would cut them off mid-response. A second Ctrl-C cancels them at once (a third is uvicorn's
+    force exit)."""
 
     def __init__(self, config: uvicorn.Config, engine: Engine, grace: float = 5.0):
         super().__init__(config)
-        self.engine, self.grace = engine, grace
+        self.engine, self.grace, self.hurried = engine, grace, False
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
@@ -423,7 +427,11 @@ class Server(uvicorn.Server):
             timer = threading.Timer(self.grace, self.engine.cancel_all)
             timer.daemon = True  # not waited for when every request ends sooner
             timer.start()
-        super().handle_exit(sig, frame)
+        elif not self.hurried:  # a second Ctrl-C: the grace ends now, and the requests still get their answers
+            self.hurried = True  # (uvicorn's force exit cut them off mid-response with a traceback each)
+            self.engine.cancel_all()
+            return
+        super().handle_exit(sig, frame)  # the first, or a third: uvicorn's force exit
 
 
 def usage_of(e: Event) -> dict:
