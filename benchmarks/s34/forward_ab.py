@@ -34,8 +34,7 @@ def main():
     llm = LLM(args.model, dtype="q4")
     model = llm.model
     parts = [p for m in model.modules() if isinstance(m, QLinear) for p in m.parts]
-    out = {"code": specdec.__file__, "MB": round(sum(
-        sum(t.numel() * t.element_size() for t in (p.data, p.scales, p.mins) if t is not None) for p in parts) / 1e6, 1)}
+    out = {"code": specdec.__file__, "MB": round(sum(p.nbytes for p in parts) / 1e6, 1)}
     prompt = torch.randint(100, 1000, (1, args.context))
     ns = [int(v) for v in args.n.split(",")]
     cache = model.new_cache(args.context + max(ns) + 8)
