@@ -153,8 +153,8 @@ def test_sse_framing(tiny, live):
     ({"max_tokens": 0}, "max_tokens"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"speculation": {"method": "draft"}}, "method"),
-    ({"speculation": {"method": ""}}, "method"),
-    ({"speculation": {"method": "plain", "k": 4}}, "drafts nothing"),  # k would be ignored without a word  # not the server's method by default: it was served as that
+    ({"speculation": {"method": ""}}, "method"),  # not the server's method by default: it was served as that
+    ({"speculation": {"method": "plain", "k": 4}}, "drafts nothing"),  # k would be ignored without a word
     ({"speculation": {"method": "eagle"}}, "no EAGLE head"),  # the tiny model has none: a 400, not an error event
     ({"priority": "vip"}, "priority"),
     ({"prompt": [999999]}, "token ids"),
@@ -324,7 +324,8 @@ def test_ctrl_c_answers_the_requests_in_flight(tiny):
     waiting.join(timeout=30)
     thread.join(timeout=30)
     assert not thread.is_alive()
-    assert frames[-1] == "data: [DONE]" and "shutting down" in json.loads(frames[-2].removeprefix("data: "))["error"]["message"]
+    last = json.loads(frames[-2].removeprefix("data: "))
+    assert frames[-1] == "data: [DONE]" and "shutting down" in last["error"]["message"]
     assert answers["plain"].status_code == 503 and "shutting down" in answers["plain"].json()["error"]["message"]
 
 
@@ -359,7 +360,8 @@ def test_a_second_ctrl_c_answers_the_requests_in_flight_at_once(tiny):
     waiting.join(timeout=30)
     thread.join(timeout=30)
     assert not thread.is_alive() and time.time() - start < 20  # not the 60 s grace
-    assert frames[-1] == "data: [DONE]" and "shutting down" in json.loads(frames[-2].removeprefix("data: "))["error"]["message"]
+    last = json.loads(frames[-2].removeprefix("data: "))
+    assert frames[-1] == "data: [DONE]" and "shutting down" in last["error"]["message"]
     assert answers["plain"].status_code == 503 and "shutting down" in answers["plain"].json()["error"]["message"]
 
 

@@ -251,8 +251,8 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
         if isinstance(spec, Speculation):
             how = (method if spec.method is None else spec.method, spec.k)  # "" is a bad method, not the default
             if how[0] == "plain" and spec.k not in ("auto", 0):
-                raise Refused(f"speculation.k = {spec.k} is read only when drafting, and plain decoding drafts nothing: "
-                              "leave k out or name a drafting method", "speculation.k")
+                raise Refused(f"speculation.k = {spec.k} is read only when drafting, and plain decoding drafts "
+                              "nothing: leave k out or name a drafting method", "speculation.k")
         else:
             how = (method, "auto") if spec in (True, "auto", "on") else ("plain", "auto")
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])

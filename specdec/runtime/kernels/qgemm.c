@@ -29,9 +29,9 @@
  *   q4k, q6k: scales fp32 [group][super-block][16] (d), mins the same for q4k (dmin). Rows past `out` and
  *   inputs past `in` are zero.
  * q8 and q4 keep their scales beside their bytes so a matrix is one stream: with fp32 scales and mins in
- * streams of their own, a SmolLM2 q4 step's layers took 1.2-1.4x as long (benchmarks/s33/q4_layouts.c, the
- * model of it; BENCHMARKS.md session 34, the kernel). q4 chunks are 5 cache lines; q8's 8.5, so every
- * other block's 64-byte loads straddle two lines, each half of them inside one.
+ * streams of their own a SmolLM2 q4 forward took 1.16-1.2x as long (BENCHMARKS.md session 34; modelled in
+ * benchmarks/s33/q4_layouts.c). q4 chunks are 5 cache lines; q8's 8.5, so every other block's 64-byte
+ * loads straddle two lines, each 32-byte half inside one.
  *
  * Exact integer part, whatever instructions compute it: vpdpbusd on the biased q8 bytes then minus 128 * sx,
  * or on nibbles (AVX512-VNNI); |q| times sign-adjusted qx with vpmaddubsw + vpmaddwd (AVX2, no saturation:
@@ -710,9 +710,9 @@ static const tile_fn *tiles_for(int fmt, int isa) {
     return 0;
 }
 
-/* x [n, in] fp32, W/S/M packed as above (S and M NULL for q8 and q4, M for q6k), bias [out] fp32 or NULL, y [n, out] fp32
- * with row stride ldy (>= out: a part of a wider output); isa ISA_AVX2, ISA_VNNI512, or ISA_AMX (the prefill path,
- * `in` a multiple of 32). q4k and q6k need `in` a multiple of 256.
+/* x [n, in] fp32, W/S/M packed as above (S and M NULL for q8 and q4, M for q6k), bias [out] fp32 or NULL,
+ * y [n, out] fp32 with row stride ldy (>= out: a part of a wider output); isa ISA_AVX2, ISA_VNNI512, or ISA_AMX
+ * (the prefill path, `in` a multiple of 32). q4k and q6k need `in` a multiple of 256.
  * Returns 0, or 1 for an unsupported format, shape or ISA, 2 when out of memory. */
 int qgemm(int fmt, int isa, const float *x, const uint8_t *W, const float *S, const float *M, const float *bias,
           float *y, int64_t ldy, int64_t n, int64_t in, int64_t out, int threads) {
@@ -725,7 +725,7 @@ int qgemm(int fmt, int isa, const float *x, const uint8_t *W, const float *S, co
     const int64_t nb = (in + QB - 1) / QB, groups = (out + G - 1) / G, units = (groups + UNIT - 1) / UNIT;
     const int64_t ns = KFMT(fmt) ? nb / BPS : nb; /* activation scales a row */
     const int64_t wgroup = KFMT(fmt) ? nb / BPS * chunk_bytes(fmt) : nb * chunk_bytes(fmt); /* bytes a group */
-    const int64_t sgroup = nb / BPS * G; /* scales a group: q4k, q6k (q8, q4: S and M NULL, the scales in W) */
+    const int64_t sgroup = nb / BPS * G; /* scales a group: q4k, q6k (q8, q4: S, M NULL, the scales in W) */
     int8_t *xq = malloc((size_t)(n * nb * QB) + 64);
     float *dx = malloc((size_t)(n * ns) * sizeof(float) + 64), *dxs = malloc((size_t)(n * nb) * sizeof(float) + 64);
     int32_t *sx = malloc((size_t)(n * nb) * sizeof(int32_t) + 64);
@@ -749,8 +749,8 @@ int qgemm(int fmt, int isa, const float *x, const uint8_t *W, const float *S, co
             int R = (int)(n - i0 < ROWS ? n - i0 : ROWS);
             for (int64_t g = u * UNIT; g < g1; g++) {
                 int valid = (int)(out - g * G < G ? out - g * G : G);
-                tiles[R](W + g * wgroup, S ? S + g * sgroup : 0, M ? M + g * sgroup : 0, a, i0, y + i0 * ldy + g * G,
-                         ldy, bias ? bias + g * G : 0, valid);
+                tiles[R](W + g * wgroup, S ? S + g * sgroup : 0, M ? M + g * sgroup : 0, a, i0,
+                         y + i0 * ldy + g * G, ldy, bias ? bias + g * G : 0, valid);
             }
         }
     }

@@ -12,7 +12,8 @@ rounds):
        0..63, sc an int8 per sub-block, d per super-block.
 Bytes per weight: q8 1.0625, q4 0.625 (the files' own), q4k 0.5938 (the file's 0.5625), q6k 0.8281 (the
 file's 0.8203). q8 and q4 keep each block's scales beside its bytes, one stream a matrix: a SmolLM2 q4 step
-moves 17% fewer bytes than with fp32 scales in streams of their own, and streams them faster (qgemm.c).
+moves 96.4 MB instead of 111.5 with fp32 scales in streams of their own, and its forward takes 0.83-0.86x as
+long (BENCHMARKS.md, session 34).
 The `--dtype` names are q8 and q4 (FORMATS); a q4 model holds q4k, q6k, q4 and q8 parts as its GGUF has
 them (`specdec.store.quantized`).
 
@@ -80,7 +81,8 @@ class QWeight:
     @cached_property
     def pointers(self) -> tuple[int, int, int, int]:
         """(format code, data, scales, mins addresses; 0 for none) for qgemm: the tensors never move once packed."""
-        return (_FMT[self.fmt], self.data.data_ptr(), *(0 if t is None else t.data_ptr() for t in (self.scales, self.mins)))
+        side = (0 if t is None else t.data_ptr() for t in (self.scales, self.mins))
+        return (_FMT[self.fmt], self.data.data_ptr(), *side)
 
     def well_formed(self) -> bool:
         """Whether the tensors have the shapes and dtypes the kernel reads for this format and size (a cache of
@@ -177,7 +179,8 @@ def pack(fmt: str, *blocks, in_features: int) -> QWeight:
             data = [u.reshape(groups, GROUP, nb, 8, 4).permute(0, 2, 3, 1, 4).reshape(groups, nb, -1)]
         else:
             data = [_nibbles(q, groups)]
-        data += [_fp16_exact(lanes(t), "scales").contiguous().view(torch.uint8) for t in (scales, mins) if t is not None]
+        data += [_fp16_exact(lanes(t), "scales").contiguous().view(torch.uint8)
+                 for t in (scales, mins) if t is not None]
         return QWeight(fmt, out_f, in_features, torch.cat(data, -1).contiguous(), None, None)
     if nb * BLOCK % SUPER:
         raise ValueError(f"{fmt} holds whole super-blocks: {nb * BLOCK} inputs are not a multiple of {SUPER}")
