@@ -241,7 +241,7 @@ def check_sources(sources: Sequence[str] | str) -> list[str]:
 
 def check_exit_layer(value, layers: int | None = None) -> int | str:
     """'auto', or a layer 1..layers (the count when known) given as an int or a string of digits."""
-    layer = int(value) if isinstance(value, str) and value.strip().isdigit() else value
+    layer = int(value) if isinstance(value, str) and value.strip().isdecimal() else value  # "²" is a digit
     if layer == "auto":
         return layer
     if not is_int(layer) or layer < 1 or (layers is not None and layer > layers):

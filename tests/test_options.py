@@ -224,3 +224,22 @@ def test_the_api_checks_a_tree_against_its_method_before_the_heads_load(tmp_path
             llm.generate([1, 2, 3], method=method, max_new_tokens=2)
     with pytest.raises(OptionError, match="unknown device"):
         LLM(str(tmp_path / "m"), device=0)
+
+
+def test_setup_edges():
+    """The last layer is a valid exit layer, hybrid is no source of itself, tree_nodes 0 and a blank draft are refused."""
+    assert check_exit_layer(3, layers=3) == 3 and check_exit_layer(" 2 ") == 2
+    with pytest.raises(OptionError, match="unknown hybrid source 'hybrid'"):
+        check_sources(["hybrid", "prompt-lookup"])
+    with pytest.raises(OptionError, match="tree_nodes must be an integer >= 1"):
+        check_setup(tree_nodes=0)
+    check_setup(tree_nodes=1)
+    with pytest.raises(OptionError, match="draft must be a model name or path"):
+        check_setup(draft="  ", method="draft")
+
+
+def test_an_exit_layer_of_other_digits_is_an_option_error():
+    """`--exit-layer ²` is an OptionError naming the exit layer ("²".isdigit() held and int() raised its own error)."""
+    with pytest.raises(OptionError, match="exit layer"):
+        check_exit_layer("²")
+    assert check_exit_layer("٣") == 3  # decimal digits of any script are what int() reads

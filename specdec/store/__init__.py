@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -148,11 +149,15 @@ def measurement_path(kind: str, model: str, dtype: str) -> Path:
 
 
 def write_json(path: Path, data) -> Path:
-    """Write JSON atomically (a reader never sees half a file)."""
+    """Write JSON atomically (a reader never sees half a file), through a temporary file of this process and thread
+    (one shared `x.tmp` made two writers of one file collide: the second's rename found nothing, FileNotFoundError)."""
     make_dir(path.parent)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
