@@ -466,3 +466,109 @@ def test_llamacpp_runner_times_a_fresh_prefill(monkeypatch):
     method.generate([1, 2, 3, 4])  # the warm-up
     method.generate([1, 2, 3, 4])  # the timed run of the same prompt
     assert evaluated == [4, 4]
+
+
+# --- mutation audit: the published figures pinned with hand-worked numbers ---------------------------------
+def test_summary_medians_per_turn_and_the_table_columns():
+    """Three turns of one prompt: medians (not means) per turn keyed by turn, each table column its own figure."""
+    recs = []
+    for t, (plain_s, x_s, tokens) in enumerate([(1.0, 0.5, 10), (2.0, 2.0, 10), (4.0, 0.8, 16)], 1):
+        recs += [dict(rec("plain", "a", plain_s, tokens=tokens, i=1), turn=t),
+                 dict(rec("x", "a", x_s, tokens=tokens, i=1), turn=t,
+                      mismatch=dict(position=0, margin=0.1, near_tie=t == 1) if t < 3 else None)]
+    recs.append(dict(rec("y", "a", 1.0, i=1), turn=1, checked=False))
+    recs.append(dict(rec("y", "a", 1.0, i=1), turn=2))
+    rows = report.summarize(recs)
+    assert [r["category"] for r in rows] == ["a"] * 3  # one category: no "all" row
+    x = rows[1]
+    assert x["speedup_vs_plain_median"] == pytest.approx(2.0)        # median of 2, 1, 5 (mean 2.67)
+    assert x["speedup_vs_plain"] == pytest.approx(7.0 / 3.3)
+    assert x["tokens_per_s_median"] == pytest.approx(20.0)           # median of 20, 5, 20 (mean 15)
+    assert x["tokens_per_s_total"] == pytest.approx(36 / 3.3)
+    assert (x["mismatches"], x["near_ties"]) == (2, 1) and rows[2]["checked"] is False
+    assert "| a | x | 3 | 36 | 20.0 | 10.9 | 2.12× | 2.00× | – | – | – | – | **2 MISMATCH** (1 near-tie) |" in \
+        report.markdown_table(rows)
+
+
+def test_run_bench_warms_up_holds_plains_answers_and_reports_every_mismatch(tiny_llama):
+    """One untimed warm-up per runner, turn 2's chat holds plain's answer, every greedy mismatch recorded and said."""
+    from specdec.api import LLM
+    from specdec.bench.runner import BenchSettings, _record, run_bench
+
+    calls = []
+
+    class Fake:
+        def __init__(self, name, tokens, text, hf=False, checked=True):
+            self.name, self.tokens, self.text, self.hf, self.checked = name, tokens, text, hf, checked
+
+        def plain_tokens(self):
+            return True
+
+        def generate(self, ids, max_new_tokens=None):
+            calls.append((self.name, list(ids), max_new_tokens))
+            return _record(self.name, ids, self.tokens, 0.25, self.text)
+
+    llm = LLM(str(tiny_llama), dtype="fp32")
+    runners = [Fake("plain", [5, 6], "PLAIN"), Fake("ours", [5, 7], "OURS"), Fake("hf-plain", [5, 6, 8], "HF", hf=True),
+               Fake("llamacpp-plain", [9], "OTHER", hf=True, checked=False)]
+    said = []
+    recs = run_bench(llm, [P.BenchPrompt("chat", "1", ("Q1", "Q2"))], runners, BenchSettings(max_new_tokens=4, warmup_tokens=2),
+                     progress=False, report=said.append)
+    assert [(c[0], c[2]) for c in calls[:4]] == [(r.name, 2) for r in runners] and len(calls) == 4 + 2 * 4
+    assert all(c[2] is None for c in calls[4:])
+    assert llm.tokenizer.decode(calls[-1][1]) == "<user>Q1<assistant>PLAIN<user>Q2<assistant>"
+    by = {(r["method"], r["turn"]): r for r in recs}
+    assert by["plain", 1]["tokens_per_s"] == pytest.approx(2 / 0.25) and by["plain", 1]["seconds"] == 0.25
+    for t in (1, 2):
+        assert by["ours", t]["mismatch"]["position"] == 1 and by["hf-plain", t]["mismatch"]["position"] == 2
+        assert by["llamacpp-plain", t]["mismatch"] is None and by["llamacpp-plain", t]["checked"] is False
+    assert len(said) == 4 and all("GREEDY MISMATCH" in s for s in said)
+
+
+def test_our_runner_times_the_whole_call_and_passes_the_warm_up_length():
+    """`seconds` is wall time around generate (prefill included), not the result's decode time."""
+    import time
+    from types import SimpleNamespace
+
+    from specdec.bench.runner import BenchSettings, OurMethod
+
+    asked = []
+
+    class FakeLLM:
+        def generate(self, ids, **kw):
+            asked.append(kw["max_new_tokens"])
+            time.sleep(0.05)
+            return SimpleNamespace(token_ids=[1], text="", target_forwards=1, mean_accepted=1.0, acceptance_rate=0,
+                                   drafted=0, accepted=0, accepted_per_position=[], draft_seconds=0,
+                                   target_seconds=0, finish_reason="length", seconds=0.001)
+
+    m = OurMethod(FakeLLM(), "plain", BenchSettings(max_new_tokens=9))
+    r = m.generate([1])
+    assert r["seconds"] >= 0.05 and r["decode_seconds"] == 0.001
+    m.generate([1], max_new_tokens=2)
+    assert asked == [9, 2]
+
+
+def test_explain_mismatch_margin_context_and_near_tie():
+    """The margin is plain's logit minus the other's, after prompt + plain's tokens before the difference;
+    a near-tie is |margin| <= the dtype's NEAR_TIE."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from specdec.bench.runner import explain_mismatch
+
+    seen = []
+
+    def forward(x, cache, last_only):
+        seen.append(x[0].tolist())
+        logits = torch.zeros(1, 1, 16)
+        logits[0, -1, 3], logits[0, -1, 4] = 1.0, 0.5
+        return SimpleNamespace(logits=logits)
+
+    forward.new_cache = lambda n: None
+    llm = SimpleNamespace(model=forward, dtype=torch.bfloat16, tokenizer=SimpleNamespace(decode=lambda ids: f"<{ids[0]}>"))
+    info = explain_mismatch(llm, [1, 2], [9, 3, 5], [9, 4])
+    assert (info["position"], info["margin"], info["near_tie"]) == (1, 0.5, True) and seen == [[1, 2, 9]]
+    llm.dtype = torch.float32
+    assert explain_mismatch(llm, [1, 2], [9, 3, 5], [9, 4])["near_tie"] is False

@@ -139,3 +139,63 @@ def test_serve_flags_with_url_are_refused_not_ignored(tmp_path, capsys, argv, sa
     assert main(["loadtest", "--url", "http://127.0.0.1:9", *argv, "--out", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err.strip()
     assert said in err and "a running server (--url) keeps its own" in err and "\n" not in err
+
+
+# --- mutation audit: the level's figures pinned with hand-worked numbers -----------------------------------
+def test_percentile_is_the_nearest_rank():
+    """The q-quantile is the ceil(q n)-th smallest (round(x + 0.5) rounded half to even: p50 of 2 gave the larger,
+    p99 of 100 the largest)."""
+    assert L.percentile([], 0.5) is None and L.percentile([7.0], 0.99) == 7.0
+    assert L.percentile([2.0, 1.0], 0.5) == 1.0
+    assert L.percentile(list(range(1, 7)), 0.5) == 3
+    assert L.percentile(list(range(1, 101)), 0.5) == 50 and L.percentile(list(range(1, 101)), 0.99) == 99
+    assert L.percentile(list(range(1, 101)), 0.9) == 90 and L.percentile(list(range(1, 11)), 0.99) == 10
+    assert L.percentile(list(range(1, 201)), 0.99) == 198 and L.percentile(list(range(1, 101)), 0.07) == 7
+
+
+def test_pooled_by_hand():
+    """Three runs: throughput the median run's, latencies over all requests pooled (ITL on chunk gaps, TTFT on
+    first chunks), server counters summed, alpha = accepted / drafted."""
+    server = dict.fromkeys([*L.SERVER_COUNTERS, *(f"arm_{a}" for a in L.ARMS)], 0.0)
+    gaps = [i / 1000 for i in range(1, 101)] + [1.0]  # 101 gaps: p50 the 51st, p99 the 100th
+    runs = [dict(requests=1, done=[dict(tokens=tokens, ttft=ttft, gaps=g, seconds=s)], errors=[], seconds=s, ratios={},
+                 server=dict(server, steps=1.0, drafted=4.0, accepted=3.0))
+            for tokens, s, ttft, g in [(10, 1.0, 0.3, gaps[:50]), (40, 2.0, 0.1, gaps[50:]), (60, 1.0, 0.2, [])]]
+    lv = L.pooled(2, runs)
+    assert lv["throughput"] == 20.0 and lv["throughputs"] == [10.0, 20.0, 60.0]  # not 30 (mean) or 27.5 (pooled)
+    assert (lv["ttft_p50"], lv["ttft_p99"]) == (0.2, 0.3)
+    assert (lv["itl_p50"], lv["itl_p99"]) == (0.051, 0.1)
+    assert lv["itl_mean"] == pytest.approx(6.05 / 101)
+    assert lv["server"]["steps"] == 3.0 and lv["alpha"] == 0.75 and lv["tokens"] == 110 and lv["completed"] == 3
+
+
+def test_run_level_against_a_stand_in_server(monkeypatch):
+    """TTFT to the first text (a role-only chunk is no text), one ITL gap per text chunk, a request still running
+    at the level's timeout is an error, and the server's counters are the level's difference."""
+    import asyncio
+
+    import httpx
+
+    metrics = iter([10.0, 15.0])
+
+    async def sse():
+        yield f'data: {json.dumps({"choices": [{"delta": {"role": "assistant"}}]})}\n\n'.encode()
+        for pause, text in [(0.05, "a"), (0.3, "bc")]:
+            await asyncio.sleep(pause)
+            yield f'data: {json.dumps({"choices": [{"delta": {"content": text}}]})}\n\n'.encode()
+        yield f'data: {json.dumps({"choices": [], "usage": {"completion_tokens": 3}})}\n\ndata: [DONE]\n\n'.encode()
+
+    async def handler(request):
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=f"specdec_steps_total {next(metrics)}\n")
+        if json.loads(request.content)["messages"][0]["content"] == "stuck":
+            await asyncio.sleep(30)
+        return httpx.Response(200, content=sse())
+
+    real = httpx.AsyncClient
+    monkeypatch.setattr(L.httpx, "AsyncClient", lambda **kw: real(transport=httpx.MockTransport(handler), **kw))
+    lv = asyncio.run(L.run_level("http://127.0.0.1:1", "m", ["go", "stuck"], 2, 2, 8, timeout=1.0))
+    assert (lv["completed"], lv["errors"], lv["error_samples"]) == (1, 1, ["timeout"])
+    d = lv["raw"][0]["done"][0]
+    assert 0.04 < d["ttft"] < 0.3 and len(d["gaps"]) == 1 and 0.25 < d["gaps"][0] < 0.9
+    assert d["tpot"] == pytest.approx(d["gaps"][0] / 2) and lv["server"]["steps"] == 5.0

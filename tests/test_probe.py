@@ -27,6 +27,7 @@ def result(seconds, **kw):
 
 
 GOOD = {1: 0.054, 2: 0.055, 4: 0.06, 8: 0.07}
+OUTER_HOME = os.environ.get("SPECDEC_HOME")  # before the autouse `home` below replaces it
 
 
 @pytest.fixture(autouse=True)
@@ -179,3 +180,70 @@ def test_a_gpu_probe_times_the_queued_work_not_only_its_launch(tiny_folder, monk
     assert r.gpu == "a GPU"
     assert 1.7 < r.relative[2] < 2.3 and 3.4 < r.relative[4] < 4.6, r.relative
     assert r.budget == 1
+
+
+# --- mutation audit: the probe's figures pinned with hand-worked numbers -----------------------------------
+def test_budget_is_the_largest_n_within_ten_percent_and_the_sweeps_time_after_the_warm_up(tiny_folder, monkeypatch):
+    """budget = the largest n with relative[n] <= 1.1 (1.1 itself in; past a bump too); the warm-up sweep is not
+    timed; seconds are medians; prefill tokens/s and the bandwidth bound are the right way up."""
+    model = load_transformer(tiny_folder, torch.float32)
+    calls = []
+
+    class Slow:  # n = 1's warm-up and first timed forward take 0.2 s more
+        device = model.device
+
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+        def __call__(self, tokens, cache):
+            calls.append(tokens.shape[1])
+            if tokens.shape[1] == 1 and calls.count(1) <= 2:
+                time.sleep(0.2)
+            return model(tokens, cache)
+
+    seen = []
+    curves = iter([{1: 1.0, 2: 1.05, 4: 1.1, 8: 1.5}, {1: 1.0, 2: 1.3, 4: 1.05, 8: 1.5}])
+    monkeypatch.setattr(probe_mod, "sweep_curve", lambda times: seen.append(times) or next(curves))
+    monkeypatch.setattr(probe_mod, "measure_bandwidth", lambda *a, **k: 2.0)
+    r = probe_mod.measure(Slow(), "m", context=8, sizes=(1, 2, 4, 8), repeats=3)
+    assert r.budget == 4 and all(len(t) == 3 for t in seen[0].values())
+    assert r.seconds[1] < 0.05 and r.prefill_tokens_per_s > 1  # median of (0.2 s, x, x): the mean would be over 0.067
+    assert r.bound_seconds == pytest.approx(r.weight_bytes / 2e9)
+    assert probe_mod.measure(model, "m", context=8, sizes=(1, 2, 4, 8), repeats=1).budget == 4
+
+
+def test_implausible_against_the_slowest_smaller_size_and_load_at_the_limit():
+    """t(8) is held against the slowest t(m) before it, not the one just before; a load of exactly LOAD_LIMIT is
+    trusted ("more than LOAD_LIMIT" is measured again)."""
+    assert "t(8)" in result({1: 0.05, 2: 0.06, 4: 0.05, 8: 0.045}).implausible()
+    assert result(GOOD, load=probe_mod.LOAD_LIMIT).problem() is None
+
+
+def test_machine_key_follows_the_cpus_flags(monkeypatch):
+    """The CPU's flags line is in the key (another ISA, another curve); other cpuinfo lines are not."""
+    from pathlib import Path
+
+    real = Path.read_text
+    cpu = ["processor\t: 0\nmodel name\t: X\ncpu MHz\t: 1000\nflags\t\t: avx2 fma\n"]
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: cpu[0] if str(self) == "/proc/cpuinfo" else real(self, *a, **k))
+    before = machine_key()
+    cpu[0] = cpu[0].replace("1000", "2000")
+    assert machine_key() == before
+    cpu[0] = cpu[0].replace("fma", "fma avx512f")
+    assert machine_key() != before
+
+
+def test_weight_bytes_per_step_by_hand(tmp_path, monkeypatch):
+    """Tiny model (vocab 96, hidden 64, mlp 128, 3 layers, 2 of 4 heads for k/v): 116,736 projection weights (the
+    96 x 64 head among them), 448 norm weights; the embedding table is never read in full (tied: it is the head);
+    q8/q4 count their packed bytes (1 / 0.5 byte a weight, an fp16 scale (and min) per 32)."""
+    from tests.tiny import save_tiny
+
+    if OUTER_HOME:  # q8/q4 run the kernels: the home other test files build them in (a fresh one compiles: seconds)
+        monkeypatch.setenv("SPECDEC_HOME", OUTER_HOME)
+    llama, qwen = save_tiny("llama", tmp_path / "l"), save_tiny("qwen2", tmp_path / "q")
+    wb = lambda folder, dtype: probe_mod.weight_bytes_per_step(load_transformer(folder, dtype))  # noqa: E731
+    assert wb(llama, torch.float32) == (116_736 + 448) * 4                # untied: the head, not the table
+    assert wb(qwen, torch.float32) == (116_736 + 448 + 3 * 128) * 4       # tied: the table once, as the head (+ qkv biases)
+    assert wb(llama, "q8") == 116_736 * (1 + 2 / 32) + 448 * 4
+    assert wb(llama, "q4") == 116_736 * (0.5 + 4 / 32) + 448 * 4

@@ -63,11 +63,12 @@ def unreachable(url: str, e: Exception) -> SpecdecError:
 
 
 def percentile(xs: list[float], q: float) -> float | None:
-    """The q-quantile (0..1) by nearest rank; None for no data."""
+    """The q-quantile (0..1) by nearest rank, the ceil(q n)-th smallest; None for no data. (round(q n + 0.5) rounds
+    half to even: it took the next rank whenever q n was an odd integer, p50 of 2 the larger, p99 of 100 the largest.)"""
     if not xs:
         return None
     s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q * len(s) + 0.5) - 1))]
+    return s[min(len(s) - 1, max(0, math.ceil(round(q * len(s), 9)) - 1))]  # round: 0.07 x 100 = 7.000000000000001
 
 
 def median_interval(xs: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
