@@ -295,50 +295,16 @@ def test_api_key_and_disconnect_frees_the_slot(tiny):
         server.close()
 
 
-def test_ctrl_c_answers_the_requests_in_flight(tiny):
-    """After Ctrl-C the requests still running get `grace` seconds, then an answer: a 503 for a waiting client, an
-    error event and [DONE] for a stream (uvicorn's own deadline would cut both off mid-response)."""
+def _shut_down_with_requests_in_flight(tiny, max_batch: int, grace: float, signals: int):
+    """A live Server over a slow engine with one stream and one more plain request in flight, then `signals` Ctrl-Cs:
+    (the stream's frames, the plain request's response, seconds from the first Ctrl-C to the server's end)."""
     from specdec.serving.app import Server
 
     folder, model, tok = tiny
-    engine = SlowEngine(model, tok, budget=6, max_batch=4)
-    config = uvicorn.Config(create_app(engine, folder), host="127.0.0.1", port=0, log_level="warning",
-                            timeout_graceful_shutdown=30)
-    server = Server(config, engine, grace=0.3)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1/completions"
-    body = {"model": folder, "prompt": "abc", "max_tokens": 200, "temperature": 0, "speculation": False}
-    answers = {}
-    waiting = threading.Thread(target=lambda: answers.update(plain=httpx.post(url, json=body, timeout=30)))
-    waiting.start()
-    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=30) as r:
-        lines = r.iter_lines()
-        next(lines)
-        while len(engine.running) < 2:
-            time.sleep(0.01)
-        server.handle_exit(signal.SIGINT, None)
-        frames = [line for line in lines if line]
-    waiting.join(timeout=30)
-    thread.join(timeout=30)
-    assert not thread.is_alive()
-    last = json.loads(frames[-2].removeprefix("data: "))
-    assert frames[-1] == "data: [DONE]" and "shutting down" in last["error"]["message"]
-    assert answers["plain"].status_code == 503 and "shutting down" in answers["plain"].json()["error"]["message"]
-
-
-def test_a_second_ctrl_c_answers_the_requests_in_flight_at_once(tiny):
-    """A second Ctrl-C ends the grace: the requests in flight get their answers now (uvicorn's force exit cut them
-    off: a 500 for a waiting client, a stream without [DONE], and a traceback each on stderr)."""
-    from specdec.serving.app import Server
-
-    folder, model, tok = tiny
-    engine = SlowEngine(model, tok, budget=6, max_batch=1)  # one running, one waiting
+    engine = SlowEngine(model, tok, budget=6, max_batch=max_batch)
     config = uvicorn.Config(create_app(engine, folder), host="127.0.0.1", port=0, log_level="warning",
                             timeout_graceful_shutdown=60)
-    server = Server(config, engine, grace=60)
+    server = Server(config, engine, grace=grace)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -351,18 +317,36 @@ def test_a_second_ctrl_c_answers_the_requests_in_flight_at_once(tiny):
         lines = r.iter_lines()
         next(lines)
         waiting.start()
-        while not engine.waiting:
+        while len(engine.running) + len(engine.waiting) < 2:
             time.sleep(0.01)
         start = time.time()
-        server.handle_exit(signal.SIGINT, None)
-        server.handle_exit(signal.SIGINT, None)
+        for _ in range(signals):
+            server.handle_exit(signal.SIGINT, None)
         frames = [line for line in lines if line]
     waiting.join(timeout=30)
     thread.join(timeout=30)
-    assert not thread.is_alive() and time.time() - start < 20  # not the 60 s grace
+    assert not thread.is_alive()
+    return frames, answers["plain"], time.time() - start
+
+
+def _answered_shutting_down(frames, plain) -> bool:
     last = json.loads(frames[-2].removeprefix("data: "))
-    assert frames[-1] == "data: [DONE]" and "shutting down" in last["error"]["message"]
-    assert answers["plain"].status_code == 503 and "shutting down" in answers["plain"].json()["error"]["message"]
+    return (frames[-1] == "data: [DONE]" and "shutting down" in last["error"]["message"]
+            and plain.status_code == 503 and "shutting down" in plain.json()["error"]["message"])
+
+
+def test_ctrl_c_answers_the_requests_in_flight(tiny):
+    """After Ctrl-C the requests still running get `grace` seconds, then an answer: a 503 for a waiting client, an
+    error event and [DONE] for a stream (uvicorn's own deadline would cut both off mid-response)."""
+    frames, plain, _ = _shut_down_with_requests_in_flight(tiny, max_batch=4, grace=0.3, signals=1)
+    assert _answered_shutting_down(frames, plain)
+
+
+def test_a_second_ctrl_c_answers_the_requests_in_flight_at_once(tiny):
+    """A second Ctrl-C ends the grace: the requests in flight get their answers now (uvicorn's force exit cut them
+    off: a 500 for a waiting client, a stream without [DONE], and a traceback each on stderr)."""
+    frames, plain, seconds = _shut_down_with_requests_in_flight(tiny, max_batch=1, grace=60, signals=2)
+    assert seconds < 20 and _answered_shutting_down(frames, plain)  # not the 60 s grace
 
 
 @pytest.mark.parametrize("command, args, stream, marker, page", [
