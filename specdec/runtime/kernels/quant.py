@@ -56,6 +56,7 @@ PARTS = ("q8", "q4", "q4k", "q6k")  # the formats a matrix may be held in
 BLOCK = 32   # inputs per block (one scale)
 SUPER = 256  # inputs per super-block (q4k, q6k)
 GROUP = 16   # outputs per group in the packed layout (one 512-bit register of int32 lanes)
+CHUNK = {"q8": 544, "q4": 320, "q4k": 2304, "q6k": 3328}  # bytes a group and (super-)block: qgemm.c chunk_bytes
 SOURCE = Path(__file__).with_name("qgemm.c")
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 _FMT = {"q8": 8, "q4": 4, "q4k": 41, "q6k": 6}
@@ -88,9 +89,9 @@ class QWeight:
         """Whether the tensors have the shapes and dtypes the kernel reads for this format and size (a cache of
         another layout, or damaged, is not: the kernel would read past them)."""
         groups, nb = -(-self.out_features // GROUP), -(-self.in_features // BLOCK)
-        chunk, per = {"q8": (544, 1), "q4": (320, 1), "q4k": (2304, 8), "q6k": (3328, 8)}[self.fmt]
-        side = [(self.scales, self.fmt in ("q4k", "q6k")), (self.mins, self.fmt == "q4k")]
-        return (self.data.dtype == torch.uint8 and tuple(self.data.shape) == (groups, nb // per, chunk)
+        per = SUPER // BLOCK if self.fmt in ("q4k", "q6k") else 1  # blocks a chunk
+        side = [(self.scales, per > 1), (self.mins, self.fmt == "q4k")]
+        return (self.data.dtype == torch.uint8 and tuple(self.data.shape) == (groups, nb // per, CHUNK[self.fmt])
                 and nb % per == 0 and all((t is not None) == want and (t is None or (
                     t.dtype == torch.float32 and tuple(t.shape) == (groups, nb // per, GROUP))) for t, want in side))
 
