@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from specdec import theory
 from specdec.decode import Chunk
 from specdec.errors import SpecdecError
+from specdec.race.live import LiveRequest, Race
 from specdec.race.server import create_app
 
 
@@ -396,3 +397,192 @@ def test_cancel_while_the_model_loads_stops_before_any_lane(folder):
         d = wait(c, race["id"], timeout=5)
         assert d["state"] == "cancelled" and not slow.started.is_set()
 
+
+
+# --- QA session 9: the mutation audit's survivors, split characters, a frozen clock, IPv6 URLs ---------
+
+def test_config_defaults_are_the_worked_example(client):
+    d = client.get("/api/config").json()["defaults"]
+    assert d == dict(alpha=0.82, k=4, tau=0.002, occupancy=0, budget=156, step_ms=7.0, seed=0)
+
+
+@pytest.mark.parametrize("body", [dict(alpha=0), dict(k=0), dict(alpha=1, k=10, tau=1, occupancy=200)])
+def test_sim_accepts_the_ends_of_every_range(client, body):
+    assert client.post("/api/sim", json=body).status_code == 200
+
+
+@pytest.mark.parametrize("body, field", [
+    (dict(start_spec_ms=-1), "start_spec_ms"), (dict(start_vanilla_ms=-1), "start_vanilla_ms"),
+    (dict(segment=-1), "segment"), (dict(max_rounds=0), "max_rounds"), (dict(horizon_ms=1e9), "horizon_ms"),
+])
+def test_sim_more_bad_parameters(client, body, field):
+    r = client.post("/api/sim", json=body)
+    assert r.status_code == 422 and field in r.json()["error"]
+
+
+def test_sim_honours_seed_segment_and_max_rounds(client):
+    spec = lambda **kw: client.post("/api/sim", json=dict(alpha=0.6, **kw)).json()["spec"]["accepted"]
+    assert spec(seed=1) != spec(seed=2) and spec(segment=1) != spec(segment=2)
+    d = client.post("/api/sim", json=dict(max_rounds=5)).json()
+    assert len(d["vanilla"]["end_ms"]) == len(d["spec"]["end_ms"]) == 5
+
+
+def test_sim_runs_from_the_earlier_lane_and_reports_the_shorter(client):
+    # the spec lane is 100 ms ahead: both lanes run to 10 + 50 ms, the result reaches the vanilla lane's end
+    d = client.post("/api/sim", json=dict(start_vanilla_ms=10, start_spec_ms=110, horizon_ms=50)).json()
+    assert d["vanilla"]["end_ms"][-1] == pytest.approx(66.0) and d["spec"]["end_ms"] == []
+    assert d["until_ms"] == pytest.approx(66.0)
+    d = client.post("/api/sim", json=dict(start_vanilla_ms=0, start_spec_ms=3, horizon_ms=10)).json()
+    assert d["vanilla"]["end_ms"] == [7.0, 14.0] and d["spec"]["end_ms"] == [10.056]
+    assert d["until_ms"] == pytest.approx(10.056)  # the shorter lane: the page may play up to there
+
+
+def test_sim_best_k_prices_the_stretch(client):
+    # a CPU-sized budget of 8 with B = 4: each extra position costs 1/8 step, so k = 4, not the free curve's 10
+    d = client.post("/api/sim", json=dict(alpha=0.82, tau=0.002, budget=8, occupancy=4)).json()["prediction"]
+    assert d["best_k"] == theory.best_k(0.82, 0.002, 10, theory.roofline_cost(4, 8)) == 4
+
+
+def test_widgets_shapes_and_limits(client):
+    d = client.get("/api/surface", params=dict(tau=0.002, k_max=5, steps=4)).json()
+    assert d["alphas"] == [0, 0.25, 0.5, 0.75, 1] and len(d["break_even"]) == 6 and max(d["best_k"]) == 5
+    assert client.get("/api/rounds", params=dict(alpha=0.7, k=4)).json()["tokens"] == [1, 2, 3, 4, 5]
+    h = client.get("/api/headroom", params=dict(occupancy=120, k=4, interactive=10, batch=2)).json()
+    assert h["demand_if_all"] == 120 + 12 * 5 and h["curve"][-1]["occupancy"] == 200
+    assert [s["interactive"] for s in h["allocation"]] == [True] * 10 + [False] * 2
+
+
+@pytest.mark.parametrize("body, field", [
+    (dict(prompt="x", k=True), "k"), (dict(prompt="x", k=65), "k"), (dict(prompt="x", max_new_tokens=1025), "max_new_tokens"),
+    (dict(prompt="x", temperature=5.5), "temperature"), (dict(prompt="x", seed=-1), "seed"),
+])
+def test_live_bad_fields_are_422(client, body, field):
+    r = client.post("/api/live", json=body)
+    assert r.status_code == 422 and r.json()["error"].startswith(f"{field}: ") and "Value error" not in r.json()["error"]
+
+
+def test_measured_defaults_dtype_names(tmp_path, monkeypatch):
+    from specdec.probe import ProbeResult, save
+    from specdec.race.server import measured_defaults
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    for model, dtype in (("m5", "q8"), ("m5", "float32"), ("/x/M.GGUF", "q4")):
+        save(ProbeResult(model=model, dtype=dtype, context=256, seconds={1: 0.012345, 2: 0.0125}, relative={1: 1.0, 2: 1.01},
+                         budget=8, weight_bytes=1, bandwidth_gbs=1.0, bound_seconds=0.01, threads=2))
+    m = measured_defaults("m5", "q8")
+    assert m["dtype"] == "q8" and m["step_ms"] == 12.345
+    assert measured_defaults("/x/M.GGUF", None)["dtype"] == "q4"  # a .GGUF is not converted to learn its dtype
+
+    class Loaded:  # the live race's model is loaded as q4, of which there is no probe: no measured numbers
+        def loaded_dtype_key(self):
+            return "q4"
+
+    assert measured_defaults("m5", None, Loaded()) is None
+
+
+def test_token_kinds_never_exceed_the_committed_tokens():
+    from specdec.race.live import token_kinds
+
+    assert token_kinds(2, 3, "bonus") == ["accepted", "accepted"]  # a round cut short by EOS
+    assert token_kinds(3, 2, "recovered") == ["accepted", "accepted", "recovered"]
+
+
+def test_token_texts_give_a_split_character_to_the_token_that_completes_it():
+    """Japanese or emoji output came back as ["\ufffd", "", "", ...]: once a character split over several
+    tokens had decoded as U+FFFD, no later token's text started with it, so every later token got ""."""
+    from specdec.race.live import token_texts
+
+    class Bytes:  # one token per UTF-8 byte, decoded as a byte-level BPE tokenizer does
+        @staticmethod
+        def decode(ids):
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    ids = list("日本 ok🎉!".encode())
+    parts = token_texts(Bytes, ids)
+    assert "".join(parts) == "日本 ok🎉!" and len(parts) == len(ids)
+    assert parts[:3] == ["", "", "日"] and parts[-2:] == ["🎉", "!"]
+    assert token_texts(Bytes, list("é".encode())[:1]) == ["\ufffd"]  # the text ends on a broken byte: kept
+
+
+def test_the_runner_keeps_the_last_races_only(folder):
+    app = create_app(folder, preload=False)
+    runner = app.state.runner
+    runner.keep, slow = 2, SlowLLM()
+    runner.llm = lambda name=None: slow
+    for _ in range(4):
+        race = runner.start(LiveRequest(prompt="x", max_new_tokens=1))
+        race.thread.join(10)
+    assert sorted(runner.races) == [3, 4] and runner.races[4].state == "done"
+
+
+def test_a_value_error_in_a_run_is_its_message(folder):
+    app = create_app(folder, preload=False)
+
+    def broken(name=None):
+        raise ValueError("prompt is too long for this model")
+
+    app.state.runner.llm = broken
+    race = app.state.runner.start(LiveRequest(prompt="x"))
+    race.thread.join(10)
+    assert race.state == "error" and race.error == "prompt is too long for this model"
+
+
+def test_cancel_while_loading_skips_preparing_the_method(folder):
+    """Preparing early exit measures for minutes: a race cancelled while loading must not start it."""
+    app = create_app(folder, preload=False)
+    runner = app.state.runner
+    prepared = []
+
+    class Prepares(SlowLLM):
+        def drafter(self, method):
+            prepared.append(method)
+
+    def load(name=None):
+        race.cancel.set()  # pressed while the model loads
+        return Prepares()
+
+    runner.llm = load
+    race = Race(99, LiveRequest(prompt="x"))
+    runner._run(race)
+    assert race.state == "cancelled" and prepared == []
+
+
+def test_elapsed_stops_when_the_race_ends(folder):
+    """elapsed_s of a finished race kept counting (a race done in 1.3 s said 54 s a minute later)."""
+    app = create_app(folder, preload=False)
+    runner = app.state.runner
+    runner.llm = lambda name=None: SlowLLM()
+    race = runner.start(LiveRequest(prompt="x", max_new_tokens=1))
+    race.thread.join(10)
+    first = race.to_dict()["elapsed_s"]
+    time.sleep(0.05)
+    assert race.state == "done" and race.to_dict()["elapsed_s"] == first
+
+
+def test_plain_is_not_offered_as_a_live_method(client):
+    plain = next(m for m in client.get("/api/config").json()["methods"] if m["name"] == "plain")
+    assert not plain["available"] and "plain lane" in plain["note"]
+
+
+def test_known_model_names_ignore_case():
+    from specdec.race.live import check_model
+
+    check_model("SmolLM2-135M")  # no error: a known model, pulled on first use
+
+
+def test_cli_port_boundary(folder, capsys):
+    from specdec.cli import main
+
+    assert main(["race", "--model", folder, "--port", "65536"]) == 2
+    assert "65536" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("host, shown", [
+    ("0.0.0.0", "http://127.0.0.1:8000/"), ("::", "http://127.0.0.1:8000/"), ("", "http://127.0.0.1:8000/"),
+    ("localhost", "http://localhost:8000/"), ("::1", "http://[::1]:8000/"), ("fe80::1%lo", "http://[fe80::1%lo]:8000/"),
+])
+def test_the_printed_url(host, shown):
+    """An IPv6 host was printed as http://::1:8000/, an address no browser opens."""
+    from specdec.commands.race import url
+
+    assert url(host, 8000) == shown

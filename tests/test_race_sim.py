@@ -135,3 +135,61 @@ def test_bad_times_and_presets():
     with pytest.raises(ValueError, match="code-editing"):
         sim.preset("poetry")
     assert [p.alpha for p in PRESETS] == [0.82, 0.75, 0.60, 0.50, 0.15]
+
+
+# --- QA session: the mutation audit's survivors -------------------------------------------------------
+
+def test_presets_reproduce_the_lessons_numbers():
+    # Ch. 3: prompt lookup 3.47x (code editing) and 3.03x (summarization) at k = 4; retrieval tau 0.007;
+    # Ch. 2: the 700M draft model's tau 0.1 (open chat, and creative writing's 0.65x at k = 8)
+    speed = {p.key: RaceParams(alpha=p.alpha, k=4, tau=p.tau).predicted_speedup() for p in PRESETS}
+    assert round(speed["code-editing"], 2) == 3.47 and round(speed["summarization"], 2) == 3.03
+    assert [p.tau for p in PRESETS] == [0.002, 0.002, 0.1, 0.007, 0.1]
+
+
+def test_defaults_are_the_worked_example():
+    assert RaceParams() == RaceParams(alpha=0.82, k=4, tau=0.002, occupancy=0, budget=156, step_ms=7.0, seed=0)
+
+
+def test_a_boolean_seed_is_refused():
+    with pytest.raises(ValueError, match="seed"):
+        RaceParams(seed=True)
+
+
+def test_k0_rounds_are_plain_steps():
+    _, spec = simulate(RaceParams(alpha=0.9, k=0), 100.0)
+    assert set(spec.kind) == {"plain"} and set(spec.accepted) == {0} and set(spec.drafted) == {0}
+
+
+def test_every_round_drafts_k():
+    _, spec = simulate(RaceParams(alpha=0.5, k=3), 500.0)
+    assert spec.drafted == [3] * len(spec.end_ms) and len(set(spec.accepted)) > 1
+
+
+def test_a_lane_stops_at_the_first_round_ending_at_or_past_until():
+    vanilla, spec = simulate(RaceParams(k=4, tau=0.25), 14.0)  # rounds of 7 * 2 = 14 ms
+    assert vanilla.end_ms == [7.0, 14.0] and spec.end_ms == [14.0]
+
+
+def test_max_rounds_caps_both_lanes():
+    vanilla, spec = simulate(RaceParams(), 10_000.0, max_rounds=5)
+    assert len(vanilla.end_ms) == len(spec.end_ms) == 5
+
+
+def test_an_empty_lane_ends_where_it_starts():
+    vanilla, spec = simulate(RaceParams(), 5.0, start_vanilla_ms=50.0)
+    assert vanilla.end_ms == [] and vanilla.last_ms == 50.0 and spec.last_ms == pytest.approx(7.056)
+    s = sim.summarize(RaceParams(), vanilla, spec)  # no vanilla tokens yet: no ratio, no division by zero
+    assert s.vanilla_tokens == 0 and s.measured_speedup == 0.0
+    empty = sim.summarize(RaceParams(), vanilla, sim.Lane(50.0, [], [], [], []))
+    assert empty.measured_speedup == 0.0 and empty.mean_tokens_per_round == 0.0
+
+
+def test_mean_tokens_per_round_is_tokens_over_rounds():
+    s = race(RaceParams(alpha=0.6, k=3, seed=2), 200.0)
+    assert s.mean_tokens_per_round == s.spec_tokens / s.rounds
+
+
+def test_race_uses_its_segments_stream():
+    p = RaceParams(alpha=0.6, k=5, seed=4)
+    assert race(p, 2000.0, segment=1) == race(p, 2000.0, segment=1) != race(p, 2000.0, segment=0)

@@ -67,7 +67,15 @@ def _announce(server, host: str) -> None:
         await startup(sockets=sockets)
         if server.started:
             port = server.servers[0].sockets[0].getsockname()[1] if server.servers else server.config.port
-            shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-            print(f"specdec race: open http://{shown}:{port}/  (Ctrl-C to stop)", flush=True)
+            print(f"specdec race: open {url(host, port)}  (Ctrl-C to stop)", flush=True)
 
     server.startup = startup_then_print
+
+
+def url(host: str, port: int) -> str:
+    """The page's address: a wildcard host shown as 127.0.0.1, an IPv6 one in brackets (RFC 3986:
+    http://[::1]:8000/, not http://::1:8000/, which no browser opens)."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    if ":" in shown:
+        shown = f"[{shown}]"
+    return f"http://{shown}:{port}/"

@@ -76,6 +76,7 @@ class Race:
     lanes: dict[str, LaneTrace] = field(default_factory=dict)
     cancel: threading.Event = field(default_factory=threading.Event)
     started: float = field(default_factory=time.time)
+    ended: float | None = None  # when it finished (done, error or cancelled): elapsed_s stops there
     thread: threading.Thread | None = field(default=None, repr=False)
 
     @property
@@ -85,7 +86,7 @@ class Race:
     def to_dict(self, traces: bool = True) -> dict:
         d = dict(id=self.id, state=self.state, phase=self.phase, lane=self.lane, tokens=self.tokens,
                  max_new_tokens=self.request.max_new_tokens, method=self.request.method, error=self.error,
-                 elapsed_s=round(time.time() - self.started, 3))
+                 elapsed_s=round((self.ended or time.time()) - self.started, 3))
         if traces and self.state == "done":
             d["lanes"] = {name: lane.to_dict() for name, lane in self.lanes.items()}
         return d
@@ -100,10 +101,14 @@ def token_kinds(n: int, accepted: int, kind: str) -> list[str]:
 
 def token_texts(tokenizer, ids: list[int]) -> list[str]:
     """Each token's share of the decoded text (incremental decoding, so multi-byte pieces and leading
-    spaces land where the full decode puts them; special tokens such as EOS get "")."""
+    spaces land where the full decode puts them; special tokens such as EOS get ""). A character split
+    over several tokens (a kanji, an emoji: U+FFFD until its last byte) goes to the token that completes
+    it: "日" as three byte tokens gives ["", "", "日"], not "\ufffd" and then nothing for the rest."""
     out, prev = [], ""
     for i in range(len(ids)):
         text = tokenizer.decode(ids[: i + 1])
+        if i < len(ids) - 1:  # a half-decoded character at the end: wait for the token that completes it
+            text = text.rstrip("\ufffd")
         if text.startswith(prev):
             out.append(text[len(prev):])
             prev = text
@@ -185,6 +190,8 @@ class LiveRunner:
         return out
 
     def availability(self, method: str) -> tuple[bool, str]:
+        if method == "plain":  # start() refuses it: listed as available, a client would be told otherwise
+            return False, "the plain lane always runs first: pick a speculative method to race against it"
         if method == "draft" and not self.draft:
             return False, "needs a draft model: start `specdec race --draft NAME` (same tokenizer as the model)"
         if method == "retrieval" and not self.datastore:
@@ -283,6 +290,8 @@ class LiveRunner:
             race.state, race.error = "error", str(e)
         except Exception as e:  # a bug: say so on the page rather than hang the poller
             race.state, race.error = "error", f"{type(e).__name__}: {e}"
+        finally:
+            race.ended = time.time()
 
     def _lane(self, race: Race, llm, method: str) -> LaneTrace:
         req = race.request
