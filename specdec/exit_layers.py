@@ -136,7 +136,7 @@ def measure_exit_layers(llm, prompts: Sequence[str | Sequence[int]] = DEFAULT_PR
 
     model, tok = llm.model, llm.tokenizer
     n_layers = model.cfg.num_layers
-    layers = sorted(set(layers or default_layers(n_layers)))
+    layers = sorted(set(default_layers(n_layers) if layers is None else layers))  # [] is an error, not the default
     if not layers or any(not 1 <= L <= n_layers for L in layers) or layers[0] == n_layers:
         raise ValueError(f"exit layers must be in 1..{n_layers}, at least one below {n_layers} (exiting after the "
                          f"last layer drafts with the target itself: a reference row, never the best), got {list(layers)}")
@@ -194,9 +194,14 @@ def measure_exit_layers(llm, prompts: Sequence[str | Sequence[int]] = DEFAULT_PR
             tau=tau[L], tau_loop=(draft_s / drafted) / plain_step if drafted else 0.0,
             predicted=theory.speedup(alpha, k, tau[L]), predicted_measured=e / (verify_cost + k * tau[L]),
             best_k=theory.best_k(alpha, tau[L]), tokens_per_s=tps, speedup=tps / plain_tps, reused=reused[L]))
-    report.best = max((r for r in report.rows if r.exit_layer < n_layers),
-                      key=lambda r: (r.predicted_measured, -r.exit_layer)).exit_layer
+    report.best = best_row(report.rows, n_layers).exit_layer
     return report
+
+
+def best_row(rows: Sequence[ExitLayerRow], num_layers: int) -> ExitLayerRow:
+    """The row of the largest measured-verify prediction below the last layer (the whole model as its own draft is
+    a reference row), the shallower layer of a tie (the cheaper draft)."""
+    return max((r for r in rows if r.exit_layer < num_layers), key=lambda r: (r.predicted_measured, -r.exit_layer))
 
 
 # --- the cache behind `--exit-layer auto` ---------------------------------------------------------------

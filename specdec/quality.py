@@ -68,6 +68,8 @@ def measure(name: str, folder, dtypes: list, ref, tasks: int = 8, load=None) -> 
     from specdec.runtime.loader import load_transformer
     from specdec.tokenizer import Tokenizer
 
+    if tasks < 1:  # no scored token: the perplexity would divide by zero
+        raise ValueError(f"tasks must be at least 1, got {tasks}")
     load = load or load_transformer
     texts = held_in(Tokenizer(folder), tasks)
     label = lambda d: str(d).replace("torch.", "")

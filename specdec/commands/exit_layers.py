@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from specdec.errors import SpecdecError
 from specdec.exit_layers import DEFAULT_PROMPTS, measure_exit_layers, save
 
 
@@ -16,8 +17,6 @@ from specdec.exit_layers import DEFAULT_PROMPTS, measure_exit_layers, save
 def read_prompts(path: str, limit: int | None) -> list[str]:
     """Prompts from a file: Spec-Bench jsonl (first turn), HumanEvalFix jsonl (instruction + buggy code),
     jsonl with "prompt" or "text", or plain text (one prompt per line)."""
-    from specdec.errors import SpecdecError
-
     p = Path(path).expanduser()
     if not p.is_file():
         raise SpecdecError(f"no such prompts file: {p}")
@@ -34,14 +33,7 @@ def read_prompts(path: str, limit: int | None) -> list[str]:
                 d = json.loads(line)
             except json.JSONDecodeError as e:
                 raise SpecdecError(f"{p}:{i}: not valid JSON ({e.msg})") from None
-            if "turns" in d:
-                text = d["turns"][0]
-            elif "buggy_solution" in d:
-                text = d["instruction"] + "\n\n" + d.get("declaration", "") + d["buggy_solution"]
-            elif "prompt" in d or "text" in d:
-                text = d.get("prompt") or d.get("text")
-            else:
-                raise SpecdecError(f"{p}:{i}: no turns, buggy_solution, prompt or text field")
+            text = record_text(d, f"{p}:{i}")
         else:
             text = line
         out.append(text)
@@ -50,6 +42,27 @@ def read_prompts(path: str, limit: int | None) -> list[str]:
     if not out:
         raise SpecdecError(f"{p}: no prompts")
     return out
+
+
+def record_text(d, where: str) -> str:
+    """The prompt of one jsonl record (Spec-Bench's first turn, HumanEvalFix's instruction + buggy code, or its
+    "prompt" or "text"); a record of another shape, or whose prompt is not a non-empty string, is an error naming
+    `where` (file:line). Example: {"turns": []} or "some text" (a JSON string, not an object) are refused."""
+    if not isinstance(d, dict):
+        raise SpecdecError(f"{where}: not a JSON object")
+    if "turns" in d:
+        text = d["turns"][0] if isinstance(d["turns"], list) and d["turns"] else None
+    elif "buggy_solution" in d:
+        parts = (d.get("instruction"), d.get("declaration", ""), d["buggy_solution"])
+        text = parts[0] + "\n\n" + parts[1] + parts[2] if all(isinstance(x, str) for x in parts) else None
+    elif "prompt" in d or "text" in d:
+        text = d.get("prompt") or d.get("text")
+    else:
+        raise SpecdecError(f"{where}: no turns, buggy_solution, prompt or text field")
+    if not isinstance(text, str) or not text.strip():
+        raise SpecdecError(f"{where}: the prompt is not a non-empty string (a HumanEvalFix record needs an "
+                           f"instruction too)")
+    return text
 
 
 def register(sub) -> None:
@@ -79,11 +92,13 @@ def run(args) -> int:
     from specdec.api import LLM
 
     layers = None
-    if args.layers:
+    if args.layers is not None:
         try:
             layers = [int(x) for x in args.layers.split(",") if x.strip()]
         except ValueError:
             raise ValueError(f"--layers must be comma-separated integers, got {args.layers!r}") from None
+        if not layers:  # `--layers ,` named none: not the default set measured in its place
+            raise ValueError(f"--layers names no exit layer ({args.layers!r}): give one or more, comma-separated")
     if args.limit < 1:
         raise ValueError(f"--limit must be at least 1, got {args.limit}")
     if args.k < 1 or args.max_new_tokens < 2:  # before the model loads
