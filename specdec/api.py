@@ -52,6 +52,8 @@ class LLM:
 
         check_setup(draft=draft, sources=sources, exit_layer=exit_layer, lookahead=lookahead, tree=tree, heads=heads,
                     tree_nodes=tree_nodes)
+        if not isinstance(pull, bool):  # "no" is truthy: it would pull
+            raise OptionError(f"pull must be True or False, got {pull!r}")
         if kv_dtype not in KV_DTYPES:
             raise OptionError(f"unknown KV-cache dtype {kv_dtype!r}: choose one of {', '.join(KV_DTYPES)}")
         self.kv_dtype = kv_dtype

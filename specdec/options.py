@@ -22,6 +22,7 @@ from specdec.drafters import METHODS
 from specdec.errors import SpecdecError
 
 TREES = ("auto", "chain", "dynamic", "static")  # tree names; anything else is a Medusa paths file
+LOOKAHEAD_BOUNDS = {"window": (0, 64), "ngram": (2, 16), "guesses": (1, 64)}  # beyond them a forward is all overhead
 
 
 class OptionError(SpecdecError, ValueError):
@@ -201,10 +202,10 @@ class LookaheadConfig:
     pool: bool = True
 
     def __post_init__(self):
-        for name, least in (("window", 0), ("ngram", 2), ("guesses", 1)):
+        for name, (least, most) in LOOKAHEAD_BOUNDS.items():
             v = getattr(self, name)
-            if v is not None and (not is_int(v) or v < least):
-                raise OptionError(f"lookahead {name} must be an integer >= {least} (or None = auto), got {v!r}")
+            if v is not None and (not is_int(v) or not least <= v <= most):
+                raise OptionError(f"lookahead {name} must be an integer {least}..{most} (or None = auto), got {v!r}")
         if not isinstance(self.pool, bool):
             raise OptionError(f"lookahead pool must be True or False, got {self.pool!r}")
 

@@ -27,13 +27,35 @@ def test_generate_json(folder, capsys):
                 "mean_accepted", "acceptance_rate", "accepted_per_position", "draft_seconds", "target_seconds"):
         assert key in out
     assert 1 <= out["new_tokens"] <= 12 and out["mean_accepted"] >= 1.0
+    assert out["model"] == folder and out["method"] == "prompt-lookup"
+
+
+def test_generate_json_rounds_add_up_to_the_totals(folder, capsys):
+    """drafted_per_round counts a tree's every node and accepted_per_round the accepted draft tokens, as the totals."""
+    assert main(["generate", "hello hello hello", "--model", folder, "--max-new-tokens", "24", "--json", "--no-chat",
+                 "--method", "recycling", "--tree-nodes", "4", "--k", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["drafted"] > 0 and len(out["drafted_per_round"]) == out["target_forwards"]
+    assert sum(out["drafted_per_round"]) == out["drafted"] and sum(out["accepted_per_round"]) == out["accepted"]
+
+
+def test_generate_passes_its_kv_dtype_to_the_model(folder, capsys, monkeypatch):
+    from specdec import api
+
+    seen, load = [], api.load_transformer
+    monkeypatch.setattr(api, "load_transformer", lambda *a: seen.append(a[3]) or load(*a))
+    assert main(["generate", "hi", "--model", folder, "--kv-dtype", "fp16", "--max-new-tokens", "2"]) == 0
+    assert seen == ["fp16"]
 
 
 def test_generate_streams_text(folder, capsys):
     assert main(["generate", "abc", "--model", folder, "--max-new-tokens", "5", "--no-chat",
                  "--temperature", "0.8", "--seed", "1"]) == 0
     captured = capsys.readouterr()
-    assert "tokens/s" in captured.err
+    assert "tokens/s" in captured.err and "acceptance" not in captured.err  # plain decoding drafts nothing
+    assert main(["generate", "abc abc abc", "--model", folder, "--max-new-tokens", "5", "--no-chat",
+                 "--method", "prompt-lookup", "--k", "2"]) == 0
+    assert "acceptance" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("as_json", [False, True])
@@ -55,6 +77,7 @@ def test_ctrl_c_keeps_what_generate_wrote(folder, capsys, monkeypatch, as_json):
         assert got["text"] == "Hello" and got["token_ids"] == [5, 6, 7] and got["finish_reason"] == "interrupted"
         assert got["seconds"] >= 0 and got["dtype"] and "tokens_per_s" in got  # the keys a full run has, where known
         assert got["new_tokens"] == 3 and got["model"] == folder and got["method"] == "plain"  # tokens, not chunks
+        assert got["tokens_per_s"] == pytest.approx(3 / got["seconds"])
     else:
         assert out == "Hello\n" and "interrupted after 3 tokens" in err
 
@@ -74,7 +97,7 @@ def test_bad_input_is_one_line(folder, capsys, args, message):
     assert message in err and "\n" not in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("k", ["1001", "-1", "x"])
+@pytest.mark.parametrize("k", ["1001", "-1", "x", "2.5"])
 def test_k_outside_0_to_1000_is_refused_by_the_parser(capsys, k):
     with pytest.raises(SystemExit) as e:
         main(["generate", "hi", "--k", k])
@@ -220,6 +243,8 @@ def no_loading(monkeypatch):
     (["hi", "--sources", "prompt-lookup"], "--sources is read only by hybrid"),
     (["hi", "--method", "lookahead", "--heads", "/tmp"], "--heads is read only by eagle and medusa"),
     (["hi", "--acceptance", "typical", "--temperature", "0.7"], "plain decoding drafts none"),  # was ignored
+    (["hi", "--k", "4"], "--k sets the draft length, and plain decoding drafts none"),  # was ignored
+    (["hi", "--method", "lookahead", "--window", "65"], "lookahead window must be an integer 0..64"),  # refused after loading
     (["hi", "--method", "medusa", "--posterior-threshold", "0.2"], "--posterior-threshold is read only by --acceptance"),
 ])
 def test_bad_input_refused_before_loading(folder, capsys, no_loading, args, message):

@@ -1,6 +1,7 @@
 """`specdec calc` and `specdec plot`."""
 
 import json
+import re
 
 import pytest
 
@@ -212,3 +213,30 @@ def test_the_rounds_plot_calls_rounds_bursty_only_when_they_are(tmp_path, monkey
     monkeypatch.setattr(plots, "_save", lambda fig, path: titles.append(fig.axes[0].get_title()) or str(path))
     plots.plot_rounds(tmp_path / "r.png", alpha=alpha, k=k)
     assert shape in titles[0]
+
+
+@pytest.mark.parametrize("k", ["98", "99", "1000000"])
+def test_the_burst_row_keeps_a_space_before_its_value(capsys, k):
+    """From k = 99 the label filled its column and ran into the value: "P(full burst of 100 tokens)4.621e-16"."""
+    code, out, _ = run(capsys, "calc", "-k", k)
+    line = next(line for line in out.splitlines() if line.startswith("P(full burst"))
+    assert code == 0 and re.fullmatch(r"P\(full burst of \d+ tokens\) +\S+", line), line
+
+
+def test_calc_edges_the_mutation_audit_found(capsys):
+    """--k-max 0 is allowed, the k table runs 0..10, and a bad alpha is refused with --table alpha too."""
+    assert run(capsys, "calc", "--k-max", "0")[0] == 0
+    code, out, _ = run(capsys, "calc", "--table", "k", "--json")
+    assert code == 0 and [r["k"] for r in json.loads(out)] == list(range(11))
+    code, _, err = run(capsys, "calc", "--table", "alpha", "--alpha", "2")
+    assert code == 2 and "alpha must be in [0, 1]" in err
+
+
+@pytest.mark.parametrize("what, flag, value", [("surface", "--alpha", "0.3"), ("rounds", "--tau", "0.5"),
+                                               ("surface", "-k", "3"), ("budget", "--k-max", "5"),
+                                               ("rounds", "--budget", "50")])
+def test_plot_refuses_a_flag_its_picture_does_not_read(capsys, tmp_path, what, flag, value):
+    """`plot surface --alpha 0.3` drew the surface without it, silently."""
+    out = tmp_path / "p.png"
+    code, _, err = run(capsys, "plot", what, flag, value, "--out", str(out))
+    assert code == 2 and f"{flag} is read only by the" in err and f"not by {what}" in err and not out.exists()

@@ -243,3 +243,142 @@ def test_an_exit_layer_of_other_digits_is_an_option_error():
     with pytest.raises(OptionError, match="exit layer"):
         check_exit_layer("²")
     assert check_exit_layer("٣") == 3  # decimal digits of any script are what int() reads
+
+
+# --- QA: mutation audit of the API (each test kills a mutant of specdec/api.py) -----------------------------
+
+@pytest.fixture(scope="module")
+def twin(llm):
+    """The tiny model with itself as its draft model, exit layer 1 and a 3-node recycling tree: every drafter
+    builds without a probe."""
+    from specdec import LLM
+
+    return LLM(str(llm.folder), dtype="fp32", draft=str(llm.folder), exit_layer=1, tree_nodes=3,
+               sources="prompt-lookup,recycling")
+
+
+@pytest.mark.parametrize("method", ["recycling", "early-exit", "draft"])
+def test_each_request_drafts_with_its_own_drafter(twin, method):
+    """What is slow to build is built once, but each request gets its own copy (its caches, its context)."""
+    first, second = twin.drafter(method), twin.drafter(method)
+    assert first is not second and type(first) is type(second)
+
+
+def test_a_draft_model_is_priced_by_its_share_of_the_weights(twin):
+    """A draft model as large as the target starts adaptive k with tau = 1 (a draft token costs a target step)."""
+    assert twin.drafter("draft").tau_prior == pytest.approx(1.0)
+
+
+def test_method_draft_without_a_draft_model_is_an_option_error(llm):
+    with pytest.raises(OptionError, match="needs a draft model"):
+        llm.generate("hi", method="draft", max_new_tokens=2)
+
+
+def test_the_recycling_tree_is_the_budget_less_the_root(llm, monkeypatch):
+    from specdec import LLM
+
+    other = LLM(str(llm.folder), dtype="fp32")
+    monkeypatch.setattr(other, "budget", lambda: 7)
+    assert other.drafter("recycling").n == 6
+
+
+def test_the_budget_is_the_most_positions_within_10_percent_of_one(llm, monkeypatch):
+    monkeypatch.setattr(llm, "cost_curve", lambda measure=False: (lambda n: 1.1 if n <= 64 else 9.0))
+    assert llm.budget() == 64
+    monkeypatch.setattr(llm, "cost_curve", lambda measure=False: (lambda n: 1.0 if n <= 5 else 1.2))
+    assert llm.budget() == 5
+
+
+def test_given_lookahead_sizes_stay_and_the_budget_fits_the_rest(llm, monkeypatch):
+    from specdec import LLM
+    from specdec.drafters.lookahead import auto_config
+
+    other = LLM(str(llm.folder), dtype="fp32", lookahead=LookaheadConfig(window=9))
+    monkeypatch.setattr(other, "budget", lambda: 16)
+    _, ngram, guesses = auto_config(16)
+    assert other.lookahead_config() == (9, ngram, guesses)
+
+
+def test_auto_k_policies_by_drafter(twin):
+    """Lookahead with a window or a tree: its n-gram length, fixed; a bare chain and the other drafters: adaptive,
+    the first round plain (it prices the prefill); a hybrid: one adaptive policy per source."""
+    from specdec.adaptive import AdaptiveK, FixedK
+    from specdec.drafters.lookahead import Lookahead
+
+    assert twin.policy("auto", Lookahead(window=2, ngram=4, guesses=1)) == FixedK(3)
+    assert twin.policy("auto", Lookahead(window=0, ngram=4, guesses=3)) == FixedK(3)
+    chain = twin.policy("auto", Lookahead(window=0, ngram=4, guesses=1))
+    assert isinstance(chain, AdaptiveK) and chain.k_max == 3 and chain.plain_first
+    lookup = twin.policy("auto", twin.drafter("prompt-lookup"))
+    assert isinstance(lookup, AdaptiveK) and lookup.plain_first
+    assert twin.policy(2, twin.drafter("prompt-lookup")) == FixedK(2) and twin.policy("auto", None) is None
+    hybrid = twin.drafter("hybrid")
+    assert twin.policy("auto", hybrid) == FixedK(AdaptiveK.k_max)
+    assert len(hybrid.policies) == 2 and all(isinstance(p, AdaptiveK) for p in hybrid.policies)
+
+
+def test_a_curve_measured_when_asked_replaces_the_default(llm, monkeypatch):
+    """None cached: cost_curve() is the mild default, measuring nothing; cost_curve(measure=True) then measures
+    once, and keeps the measured curve."""
+    from types import SimpleNamespace
+
+    from specdec import LLM, probe
+    from specdec.adaptive import CostCurve
+
+    other = LLM(str(llm.folder), dtype="fp32")
+    measured = SimpleNamespace(implausible=lambda: False, relative={1: 1.0, 64: 1.5})
+    monkeypatch.setattr(probe, "load_cached", lambda *a: None)
+    monkeypatch.setattr(probe, "probe", lambda *a: measured)
+    monkeypatch.setattr(probe, "save", lambda result: None)
+    assert other.cost_curve().points == CostCurve().points
+    assert other.cost_curve(measure=True).points == measured.relative
+    monkeypatch.setattr(probe, "probe", lambda *a: pytest.fail("measured twice"))
+    assert other.cost_curve(measure=True).points == measured.relative
+
+
+def test_chat_decides_the_prompts_tokens(llm):
+    """chat=True wraps the prompt in the model's template, chat=False does not."""
+    raw = llm.generate("hello", chat=False, max_new_tokens=1)
+    chat = llm.generate("hello", chat=True, max_new_tokens=1)
+    assert raw.prompt_tokens == len(llm.tokenizer.encode("hello", chat=False)) < chat.prompt_tokens
+
+
+def test_stream_yields_no_empty_pieces(llm):
+    """A long stop string holds text back, so some chunks carry none: stream skips them."""
+    stop = "\x7f" * 6
+    pieces = list(llm.stream("hello", chat=False, max_new_tokens=8, stop=stop))
+    assert pieces and all(pieces)
+    assert "".join(pieces) == llm.generate("hello", chat=False, max_new_tokens=8, stop=stop).text
+
+
+def test_the_api_takes_lookahead_pool_and_eos_to_its_drafter(llm):
+    from specdec import LLM
+
+    other = LLM(str(llm.folder), dtype="fp32", lookahead=LookaheadConfig(2, 3, 2, pool=False))
+    d = other.drafter("lookahead")
+    assert (d.window, d.ngram, d.guesses, d.use_pool) == (2, 3, 2, False)
+    assert d.eos_ids == set(other.tokenizer.eos_ids) and d.eos_ids  # no window column past a guessed EOS
+
+
+def test_an_exit_layer_beyond_the_model_is_refused_when_it_loads(llm):
+    from specdec import LLM
+
+    with pytest.raises(OptionError, match=r"exit layer must be 'auto' or 1\.\.3, got 4"):
+        LLM(str(llm.folder), dtype="fp32", exit_layer=4)
+
+
+def test_lookahead_sizes_past_their_bounds_are_refused_before_loading():
+    """W > 64, N > 16 or G > 64 was refused by the drafter, after the model loaded (and a probe ran)."""
+    for bad in (dict(window=65), dict(ngram=17), dict(guesses=65)):
+        with pytest.raises(OptionError, match=f"lookahead {next(iter(bad))} must be an integer"):
+            LookaheadConfig(**bad)
+    LookaheadConfig(window=64, ngram=16, guesses=64)
+
+
+def test_pull_must_be_a_bool(llm, monkeypatch):
+    """pull="no" is truthy: it would have pulled."""
+    from specdec import LLM, store
+
+    monkeypatch.setattr(store, "resolve", lambda *a, **k: pytest.fail("resolved before the check"))
+    with pytest.raises(OptionError, match="pull must be True or False, got 'no'"):
+        LLM(str(llm.folder), pull="no")

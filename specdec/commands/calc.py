@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"expected tokens per round  {s['expected_tokens']:.4f}")
     print(f"speedup                    {_fixed(s['speedup'], 3)}x")
     burst = f"P(full burst of {args.k + 1} token{'' if args.k == 0 else 's'})"
-    print(f"{burst:<27}{_fixed(s['full_burst_probability'], 4)}")
+    print(f"{burst:<26} {_fixed(s['full_burst_probability'], 4)}")
     if s["best_k_capped"]:
         print(f"best k for this alpha, tau >= {s['best_k']}, the --k-max cap: the speedup still rises with k "
               f"({s['best_speedup']:.3f}x at k={s['best_k']})")

@@ -155,8 +155,8 @@ READ_BY = {  # a method flag: its argparse dest, its default, and the methods th
 
 def check_flags_read(args, methods, also: dict[str, bool] | None = None) -> None:
     """Refuse a method flag that none of `methods` reads (a hybrid reads its sources'), so that
-    `--method plain --tree dynamic` is an error, not a silently plain run; likewise typical acceptance without a
-    drafter, and its epsilon and delta without it. `also`: flags read for another reason
+    `--method plain --tree dynamic` is an error, not a silently plain run; likewise --k and typical acceptance
+    without a drafter, and typical acceptance's epsilon and delta without it. `also`: flags read for another reason
     (bench's --draft by hf-assisted)."""
     from specdec.options import OptionError, check_sources
 
@@ -170,6 +170,9 @@ def check_flags_read(args, methods, also: dict[str, bool] | None = None) -> None
     if typical and reading <= {"plain"}:
         raise OptionError("--acceptance typical loosens how drafted tokens are accepted, and plain decoding drafts "
                           "none: drop it or choose a speculative method")
+    if getattr(args, "k", "auto") != "auto" and reading <= {"plain"}:
+        raise OptionError("--k sets the draft length, and plain decoding drafts none: drop it or choose a "
+                          "speculative method")
     for flag, dest, default in (("--posterior-threshold", "posterior_threshold", TYPICAL_EPSILON),
                                 ("--posterior-alpha", "posterior_alpha", TYPICAL_DELTA)):
         if not typical and getattr(args, dest, default) != default:

@@ -32,9 +32,28 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+READ_BY = {  # a flag: its argparse dest, its default, and the pictures that read it
+    "--alpha": ("alpha", 0.7, {"rounds"}),
+    "-k": ("k", 4, {"rounds", "budget"}),
+    "--tau": ("tau", 0.1, {"surface"}),
+    "--k-max": ("k_max", 12, {"surface"}),
+    "--budget": ("budget", 156, {"budget"}),
+}
+
+
+def check_flags_read(args: argparse.Namespace) -> None:
+    """Refuse a flag the chosen picture does not read, so that `plot surface --alpha 0.3` is an error, not a
+    surface drawn without it."""
+    for flag, (dest, default, readers) in READ_BY.items():
+        if getattr(args, dest) != default and args.what not in readers:
+            raise ValueError(f"{flag} is read only by the {' and '.join(sorted(readers))} plot"
+                             f"{'s' * (len(readers) > 1)}, not by {args.what}: drop {flag}")
+
+
 def run(args: argparse.Namespace) -> int:
     from specdec import plots, theory
 
+    check_flags_read(args)
     if args.what == "surface":
         path = plots.plot_surface(args.out, tau=args.tau, k_max=args.k_max)
     elif args.what == "rounds":

@@ -41,7 +41,9 @@ from specdec.drafters.base import Context, Drafter, Outcome
 from specdec.drafters.prompt_lookup import lookup
 from specdec.runtime.kernels.ops import argmax
 
-MAX_WINDOW, MAX_NGRAM, MAX_GUESSES = 64, 16, 64  # bounds on the flags: beyond them a forward is all overhead
+from specdec.options import LOOKAHEAD_BOUNDS
+
+MAX_WINDOW, MAX_NGRAM, MAX_GUESSES = (LOOKAHEAD_BOUNDS[name][1] for name in ("window", "ngram", "guesses"))
 
 # (W, N, G) in order of preference: the first whose positions fit the budget wins
 PRESETS = ((15, 5, 15), (10, 5, 10), (7, 5, 7), (5, 4, 5), (4, 4, 4), (3, 4, 3), (3, 3, 3), (2, 3, 2),
