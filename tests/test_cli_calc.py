@@ -50,15 +50,14 @@ def test_calc_says_when_the_best_k_is_only_the_cap(capsys):
 def test_calc_cap_and_peak_read_the_best_k_not_the_given_k(capsys):
     """best_k_capped asks whether the speedup rises past the best k, not past -k (at k = 1 it rises, at the best
     k = 4 it does not); a rise of one ulp is a tie (alpha = tau = 0.7: k = 0 and 1 both give 1.0x), not a rise.
-    Only k = 0 breaks even at "any" alpha: tau = 0 breaks even at 0.0000. The k table marks its peak, k = 4,
-    whatever -k is."""
+    Only k = 0 breaks even at "any" alpha: tau = 0 breaks even at 0.0000. The k table marks its peak, k = 4."""
     _, out, _ = run(capsys, "calc", "-k", "1", "--json")
     assert json.loads(out)["best_k"] == 4 and json.loads(out)["best_k_capped"] is False
     _, out, _ = run(capsys, "calc", "--alpha", "0.7", "--tau", "0.7", "--json")
     assert json.loads(out)["best_k"] == 0 and json.loads(out)["best_k_capped"] is False
     _, out, _ = run(capsys, "calc", "--tau", "0")
     assert "break-even alpha at this k 0.0000" in out
-    _, out, _ = run(capsys, "calc", "--table", "k", "-k", "1")
+    _, out, _ = run(capsys, "calc", "--table", "k")
     assert [line.split()[0] for line in out.splitlines() if "<- peak" in line] == ["4"] and "still rising" not in out
 
 
@@ -224,12 +223,27 @@ def test_the_burst_row_keeps_a_space_before_its_value(capsys, k):
 
 
 def test_calc_edges_the_mutation_audit_found(capsys):
-    """--k-max 0 is allowed, the k table runs 0..10, and a bad alpha is refused with --table alpha too."""
+    """--k-max 0 is allowed, the k table runs 0..10, and a bad tau is refused with --table alpha too."""
     assert run(capsys, "calc", "--k-max", "0")[0] == 0
     code, out, _ = run(capsys, "calc", "--table", "k", "--json")
     assert code == 0 and [r["k"] for r in json.loads(out)] == list(range(11))
-    code, _, err = run(capsys, "calc", "--table", "alpha", "--alpha", "2")
-    assert code == 2 and "alpha must be in [0, 1]" in err
+    code, _, err = run(capsys, "calc", "--table", "alpha", "--tau", "-0.5")
+    assert code == 2 and "tau" in err
+
+
+@pytest.mark.parametrize("argv, flag", [(["--table", "alpha", "--alpha", "0.3"], "--alpha"),
+                                        (["--table", "k", "-k", "2"], "-k"),
+                                        (["--table", "k", "--k-max", "5"], "--k-max"),
+                                        (["--table", "alpha", "--k-max", "5", "--json"], "--k-max")])
+def test_calc_refuses_a_flag_its_table_does_not_read(capsys, argv, flag):
+    """`calc --table alpha --alpha 0.3` printed the alpha sweep as if the 0.3 had been read: now one line naming it.
+    The flags a table does read still work (-k for the alpha sweep, --alpha for the k sweep)."""
+    code, out, err = run(capsys, "calc", *argv)
+    assert code == 2 and not out and f"does not read {flag}" in err and f"drop {flag}" in err
+    code, out, _ = run(capsys, "calc", "--table", "alpha", "-k", "2", "--json")
+    assert code == 0 and {r["k"] for r in json.loads(out)} == {2}
+    code, out, _ = run(capsys, "calc", "--table", "k", "--alpha", "0.3", "--json")
+    assert code == 0 and {r["alpha"] for r in json.loads(out)} == {0.3}
 
 
 @pytest.mark.parametrize("what, flag, value", [("surface", "--alpha", "0.3"), ("rounds", "--tau", "0.5"),

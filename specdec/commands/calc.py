@@ -27,14 +27,15 @@ def register(subparsers) -> None:
         ),
         epilog="Example: specdec calc --alpha 0.15 -k 8 --tau 0.1  (0.65x: slower than plain decoding)",
     )
-    p.add_argument("--alpha", type=float, default=0.7, help="acceptance rate per drafted token, in [0, 1] (default 0.7)")
-    p.add_argument("-k", type=int, default=4, help="tokens drafted per round, >= 0 (default 4)")
+    p.add_argument("--alpha", type=float, default=None, help="acceptance rate per drafted token, in [0, 1] (default 0.7)")
+    p.add_argument("-k", type=int, default=None, help="tokens drafted per round, >= 0 (default 4)")
     p.add_argument("--tau", type=float, default=0.1,
                    help="draft cost per token as a fraction of one target step, >= 0 (default 0.1)")
-    p.add_argument("--k-max", type=int, default=32, help="largest k searched for the best k (default 32)")
+    p.add_argument("--k-max", type=int, default=None,
+                   help="largest k searched for the best k (default 32; not with --table)")
     p.add_argument("--table", choices=["alpha", "k"],
-                   help="print a sweep instead: 'alpha' varies alpha at the given k and tau; "
-                        "'k' varies k from 0 to 10 at the given alpha and tau")
+                   help="print a sweep instead: 'alpha' varies alpha at the given k and tau (no --alpha); "
+                        "'k' varies k from 0 to 10 at the given alpha and tau (no -k)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=run)
 
@@ -83,7 +84,27 @@ def _fixed(x: float, digits: int) -> str:
     return f"{x:.{digits}g}" if float(text) == 0 else repr(x)
 
 
+DEFAULTS = {"alpha": 0.7, "k": 4, "k_max": 32}  # the lesson's worked example; best k searched up to 32
+SWEPT = {"alpha": ("alpha", "--alpha"), "k": ("k", "-k")}  # what each --table varies itself
+
+
+def fill_defaults(args: argparse.Namespace) -> None:
+    """Refuse a flag the chosen output does not read, then fill in the defaults: `--table alpha --alpha 0.3`
+    sweeps alpha whatever was given, and no table searches a best k (--k-max), so either is an error rather
+    than a table printed without it."""
+    if args.table:
+        for dest, flag in (SWEPT[args.table], ("k_max", "--k-max")):
+            if getattr(args, dest) is not None:
+                raise ValueError(f"--table {args.table} does not read {flag}"
+                                 + (f" (it sweeps {args.table} itself)" if dest == args.table else "")
+                                 + f": drop {flag}")
+    for dest, value in DEFAULTS.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, value)
+
+
 def run(args: argparse.Namespace) -> int:
+    fill_defaults(args)
     # validate everything up front so errors name the argument, whichever output is asked for
     theory.speedup(args.alpha, args.k, args.tau)
     from specdec.options import K_MAX
