@@ -199,3 +199,31 @@ def test_run_level_against_a_stand_in_server(monkeypatch):
     d = lv["raw"][0]["done"][0]
     assert 0.04 < d["ttft"] < 0.3 and len(d["gaps"]) == 1 and 0.25 < d["gaps"][0] < 0.9
     assert d["tpot"] == pytest.approx(d["gaps"][0] / 2) and lv["server"]["steps"] == 5.0
+
+
+@pytest.mark.parametrize("argv, said", [(["--requests", "8", "--waves", "2"], "--waves sizes a level only without"),
+                                        (["--out", ""], "--out is empty")])
+def test_an_unread_waves_or_an_empty_out_is_refused(tmp_path, capsys, monkeypatch, argv, said):
+    """--waves beside --requests was ignored (--requests sizes every level), and `--out ''` wrote into the current
+    folder: both refused before any load."""
+    from specdec.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    def no_load(*a, **kw):
+        raise AssertionError("a level ran")
+
+    monkeypatch.setattr(L, "run_level", no_load)
+    args = ["loadtest", "--url", "http://127.0.0.1:9", "--model", "m", *argv]
+    assert main(args + ([] if "--out" in argv else ["--out", str(tmp_path / "a")])) == 2
+    assert said in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_serve_refuses_a_mode_named_twice(capsys, monkeypatch):
+    """`--serve auto,auto` started two servers of one mode and compared the mode with itself."""
+    from specdec.cli import main
+    from specdec.commands import loadtest as C
+
+    monkeypatch.setattr(C, "start_server", lambda *a, **kw: pytest.fail("a server started"))
+    with pytest.raises(SystemExit) as e:
+        main(["loadtest", "--serve", "auto,never,auto"])
+    assert e.value.code == 2 and "names a mode twice" in capsys.readouterr().err

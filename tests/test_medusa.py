@@ -754,3 +754,62 @@ def test_step_boundary_saves_only_a_whole_step():
         with StepBoundary(lambda: saved.append("mid-step")):
             raise KeyboardInterrupt
     assert saved == ["step end"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_empty_corpus_is_one_clear_error_and_leaves_no_out_folder(tmp_path):
+    """`--data empty.txt` (or jsonl rows with none of the fields read) ended in an IndexError traceback; a corpus
+    refused as too small left an empty --out folder behind (EAGLE's too)."""
+    import numpy as np
+
+    from specdec.training import eagle as E
+    from specdec.training import medusa as T
+    from specdec.training.hidden_cache import HiddenCache
+
+    none = np.zeros(0, np.int32)
+    empty = HiddenCache(None, {"tokens": 0}, labels=none, tokens=none, doc=none)
+    with pytest.raises(SpecdecError, match=r"the corpus is empty: .*check --data"):
+        T.Examples(empty, T.TrainSettings(heads=2))
+    labels = np.arange(10, 20, dtype=np.int32)
+    one = HiddenCache(None, {"tokens": 10}, labels=labels, tokens=labels, doc=np.zeros(10, np.int32),
+                      features=np.zeros((10, 3), np.float16))
+    with pytest.raises(SpecdecError, match="too small"):
+        T.train(one, torch.zeros(VOCAB, 4), T.TrainSettings(heads=2), tmp_path / "medusa", progress=False)
+    with pytest.raises(SpecdecError, match="too small"):
+        E.train(one, None, "tiny", "fp", E.TrainSettings(), tmp_path / "eagle", progress=False)
+    assert not list(tmp_path.iterdir())
+
+
+def test_resume_refuses_fewer_epochs_than_the_checkpoint_trained(env, hidden, tmp_path):
+    """`--resume --epochs 1` on a checkpoint past its first epoch finished at once and wrote the heads with a report
+    of 1 epoch (the lower --epochs silently ignored); raising --epochs still trains on."""
+    from specdec.training import medusa as T
+
+    lm = env["target"].lm_head.weight.detach()
+    s = T.TrainSettings(heads=K, epochs=2, batch=64, lr=3e-3, draft_vocab=40, checkpoint_every=5)
+    T.train(hidden, lm, s, tmp_path / "a", progress=False)
+    with pytest.raises(SpecdecError, match=r"--epochs 1: .* has trained 2 epoch\(s\); pass --epochs 2 or more"):
+        T.train(hidden, lm, T.TrainSettings(**{**s.__dict__, "epochs": 1}), tmp_path / "a", resume=True,
+                progress=False)
+    with pytest.raises(SpecdecError, match=r"trained 0 epoch\(s\) and 3 step\(s\) of the next; pass --epochs 1"):
+        T.check_epochs(tmp_path / "c.pt", 0, 3, 0)
+    T.check_epochs(tmp_path / "c.pt", 2, 0, 2)  # a finished run resumed with its own epochs: fine
+
+
+def test_train_refuses_an_empty_out(capsys):
+    """`--out ''` was read as no --out: the heads went to the store's folder, where --method medusa|eagle finds them."""
+    from specdec.cli import main
+
+    for kind in ("medusa", "eagle"):  # an unknown model: the check comes before anything resolves or loads
+        assert main(["train", kind, "--model", "no-such-model", "--out", ""]) == 2
+        err = capsys.readouterr().err
+        assert "--out is empty" in err and "unknown model" not in err
+
+
+def test_a_jsonl_file_that_is_not_utf8_is_named(tmp_path):
+    """A non-UTF-8 .jsonl gave only "'utf-8' codec can't decode byte 0xff ...": which file, and what to do?"""
+    from specdec.training import corpus
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"text": "\xff hi"}\n')
+    with pytest.raises(SpecdecError, match=r"bad.jsonl: not UTF-8 text \(byte 0xff at offset 10\).*iconv"):
+        list(corpus.file_documents([bad]))

@@ -391,3 +391,21 @@ def test_damaged_files_are_named(tmp_path, tiny_tok, name, damage):
     (out / name).write_bytes(damage((out / name).read_bytes()))
     with pytest.raises(SpecdecError, match=f"{name} is damaged .*build the datastore again"):
         Datastore(out)
+
+
+def test_an_out_that_cannot_be_written_or_is_empty_is_refused_before_the_build(tmp_path, capsys):
+    """`datastore build --out /proc/ds` (or a path under a file) was a traceback after the corpus was tokenized, and
+    `--out ''` was read as no --out (the build went to the cache's folder): each is one line, before the model
+    resolves."""
+    from specdec.cli import main
+
+    src = tmp_path / "a.txt"
+    src.write_text("speculate, then verify.")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    build = ["datastore", "build", "--model", "no-such-model", "--quiet", "--from", str(src), "--out"]
+    for out, words in [(str(afile / "ds"), "is a file, not a folder"), ("", "--out is empty")]:
+        assert main(build + [out]) == 2
+        err = capsys.readouterr().err.strip()
+        assert words in err and "unknown model" not in err and "\n" not in err, (out, err)
+    assert afile.read_text() == "x"

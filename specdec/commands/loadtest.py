@@ -11,7 +11,8 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+WAVES = 4  # --waves' default: requests per level, in multiples of its concurrency
 
 
 def levels_arg(value: str) -> list[int]:
@@ -28,6 +29,9 @@ def modes_arg(value: str) -> list[str]:
     modes = [v.strip() for v in value.split(",") if v.strip()]
     if not modes or any(m not in ("auto", "always", "never") for m in modes):
         raise argparse.ArgumentTypeError(f"--serve takes modes from auto,always,never, got {value!r}")
+    if len(set(modes)) < len(modes):  # two servers of one mode: each level run twice, compared with itself
+        raise argparse.ArgumentTypeError(f"--serve names a mode twice in {value!r}: name each once "
+                                         "(--repeat runs every level again)")
     return modes
 
 
@@ -68,7 +72,7 @@ def register(sub) -> None:
                         "the concurrency every request starts at once and the level times its slowest request, not "
                         "the server's throughput at that load: speculation then gains only where it speeds up the "
                         "slowest one")
-    p.add_argument("--waves", type=int, default=4, metavar="W",
+    p.add_argument("--waves", type=int, default=WAVES, metavar="W",
                    help="without --requests: W x the level's concurrency requests (at least 4 W; default 4). Shorter "
                         "levels leave time for more --repeat runs, which the paired comparison of modes needs more")
     p.add_argument("--repeat", type=int, default=1, metavar="R",
@@ -120,7 +124,7 @@ def compared(ratios: dict[str, list[float]]) -> tuple[dict[str, float], dict[str
             {m: i for m, i in intervals.items() if i is not None})
 
 
-def requests_at(requests: int | None, concurrency: int, waves: int = 4) -> int:
+def requests_at(requests: int | None, concurrency: int, waves: int = WAVES) -> int:
     """Requests at a level: --requests, or `waves` times the concurrency and at least 4 x `waves` (4: 16 up to 4
     clients, 64 at 16; 2: 8 up to 4 clients, 32 at 16)."""
     return requests or waves * max(concurrency, 4)
@@ -182,6 +186,8 @@ def run(args) -> int:
     if ((args.requests is not None and args.requests < 1) or args.waves < 1 or args.max_tokens < 1 or args.repeat < 1
             or not args.timeout > 0):
         raise SpecdecError("--requests, --waves, --max-tokens, --repeat and --timeout must be positive")
+    if args.requests is not None and args.waves != WAVES:  # --requests sizes every level: --waves would be unread
+        raise SpecdecError("--waves sizes a level only without --requests: give one of them")
     if (args.url is None) == (args.serve is None):
         raise SpecdecError("give either --url (a running server) or --serve MODES (servers started here)")
     if args.url is not None:  # the servers' own flags mean nothing to a running server: refused, not ignored
@@ -190,8 +196,7 @@ def run(args) -> int:
             raise SpecdecError(f"{', '.join(given)} set{'s' * (len(given) == 1)} what --serve starts; a running "
                                "server (--url) keeps its own: drop it, or use --serve")
     url = check_loopback(args.url) if args.url is not None else None
-    out = Path(args.out).expanduser()
-    check_out(out, ("loadtest.md", "loadtest.json", "loadtest.png"))
+    out = check_out(args.out, ("loadtest.md", "loadtest.json", "loadtest.png"))  # the str: Path("") would be "."
     prompts = [p.turns[0] for p in load_prompts(args.prompts)]
     if not prompts:
         raise SpecdecError(f"{args.prompts}: no prompts")

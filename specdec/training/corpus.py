@@ -49,7 +49,12 @@ def file_documents(paths: Sequence[str | Path]) -> Iterator[list[dict] | str]:
             raise SpecdecError(f"no such file: {path} (use 'sharegpt' or existing .txt/.jsonl files)")
         if ".jsonl" in path.suffixes:
             raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-            for n, line in enumerate(raw.decode("utf-8").split("\n"), 1):  # not splitlines: JSON strings may hold U+2028
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise SpecdecError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}): "
+                                   "convert it to UTF-8, e.g. with iconv") from None
+            for n, line in enumerate(text.split("\n"), 1):  # not splitlines: JSON strings may hold U+2028
                 if not line.strip():
                     continue
                 try:

@@ -303,9 +303,9 @@ def train(cache: HiddenCache, target, name: str, fingerprint: str, s: TrainSetti
     if s.version not in (1, 3):
         raise SpecdecError(f"--version must be 1 or 3, not {s.version}")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / CHECKPOINT
-    docs = Documents(cache, s.val_fraction)
+    docs = Documents(cache, s.val_fraction)  # a corpus too small is refused before --out is made
+    out.mkdir(parents=True, exist_ok=True)
     train_labels = np.concatenate([np.asarray(cache.labels[a:b]) for a, b in docs.train])
     vocab_size = target.cfg.vocab_size
     vocab, coverage = draft_vocabulary(train_labels, vocab_size if s.version == 1 else s.draft_vocab)

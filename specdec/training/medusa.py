@@ -56,6 +56,9 @@ class Examples:
 
     def __init__(self, cache: HiddenCache, s: TrainSettings):
         n, k = len(cache), s.heads
+        if n == 0:  # no document of 3+ tokens (an empty file, or jsonl rows with none of the fields read)
+            raise SpecdecError("the corpus is empty: no document of 3+ tokens (.jsonl rows need \"messages\", "
+                               "\"conversations\" or \"text\"): check --data")
         doc, labels = np.asarray(cache.doc), np.asarray(cache.labels)
         ndocs = int(doc[-1]) + 1
         first_val = min(ndocs - 1, math.ceil(ndocs * (1 - s.val_fraction))) if ndocs > 1 else ndocs
@@ -190,6 +193,16 @@ def check_resumable(path: Path, ck: dict, settings: dict, meta: dict, free=("che
                            "or drop --resume to start over")
 
 
+def check_epochs(path: Path, epoch: int, batch_no: int, epochs: int) -> None:
+    """A resume may raise --epochs, never cut it below the epochs the checkpoint has (partly) trained: those would
+    be kept and the heads' report would name fewer epochs than they had."""
+    done = epoch + (batch_no > 0)
+    if epochs < done:
+        raise SpecdecError(f"--epochs {epochs}: {path} has trained {epoch} epoch(s)"
+                           + (f" and {batch_no} step(s) of the next" if batch_no else "")
+                           + f"; pass --epochs {done} or more, or drop --resume to start over")
+
+
 def train(cache: HiddenCache, lm_weight: torch.Tensor, s: TrainSettings, out: str | Path, resume: bool = False,
           progress: bool = True) -> tuple[dict, dict]:
     """Train K heads from the cache; returns (tensors, report) for `specdec.training.heads.save`.
@@ -197,9 +210,9 @@ def train(cache: HiddenCache, lm_weight: torch.Tensor, s: TrainSettings, out: st
     from tqdm import tqdm
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / CHECKPOINT
-    ex = Examples(cache, s)
+    ex = Examples(cache, s)  # a corpus too small is refused before --out is made (no empty folder left behind)
+    out.mkdir(parents=True, exist_ok=True)
     lm_rows = lm_weight.detach().float()[torch.from_numpy(ex.vocab)]  # [Vd, D], frozen
     torch.manual_seed(s.seed)
     heads = MedusaHeads(s.heads, cache.meta["hidden_size"])
@@ -211,6 +224,7 @@ def train(cache: HiddenCache, lm_weight: torch.Tensor, s: TrainSettings, out: st
         heads.load_state_dict(ck["heads"])
         opt.load_state_dict(ck["opt"])
         epoch, batch_no, step, val, seconds, last_loss = (ck[k] for k in CHECKPOINT_STATE)
+        check_epochs(ckpt_path, epoch, batch_no, s.epochs)
     elif resume:
         raise SpecdecError(f"--resume: no checkpoint in {out}")
     per_epoch = math.ceil(len(ex.train) / s.batch)
