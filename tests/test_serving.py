@@ -1106,3 +1106,250 @@ def test_a_lone_request_steps_through_the_models_own_forward_as_on_a_gpu(tiny, t
     assert len(taken) >= 3 * 10 and all(s.logits for s in taken)  # every decode step (prefill pieces: packed)
     assert any(s.local is not None for s in taken) == (drafter != "prompt-lookup")  # trees went through it
     assert any(s.features for s in taken) == (drafter == "eagle")
+
+
+def test_a_trees_acceptance_counts_by_depth_as_decode_does(tiny):
+    """A tree's siblings are alternatives for one position (decode()'s `Result`): the server's realized alpha (the
+    prior of its next requests' adaptive k) and its per-position counters read a tree round by its depth, so they
+    equal decode()'s acceptance_rate and accepted_per_position for the same request, not accepted / nodes."""
+    model, tok = tiny
+    ids = tok.encode(PROMPTS[2], chat=False)
+    ref = reference(model, tok, ids, 25, TinyTree(), FixedK(3))
+    engine = Engine(model, tok, budget=100, speculation="always", max_batch=1)
+    engine.new_drafter = lambda method: TinyTree()  # two nodes at the first level: more nodes than depth
+    run_engine(engine, [Job(ids, Request(max_new_tokens=25), method="prompt-lookup", k=3)])
+    m = engine.metrics
+    assert ref.accepted and ref.drafted > ref.accepted / ref.acceptance_rate  # nodes outnumber the depth
+    assert m.realized_alpha("tiny-tree", "interactive", least=1) == pytest.approx(ref.acceptance_rate)
+    reached = [_sample_count(m, "specdec_position_drafted_total", position=str(i)) for i in range(1, 6)]
+    accepted = [_sample_count(m, "specdec_position_accepted_total", position=str(i)) for i in range(1, 6)]
+    depth = len(ref.accepted_per_position)
+    assert not any(reached[depth:])  # no round reaches a position deeper than its tree
+    assert [a / r if r else 0.0 for a, r in zip(accepted, reached)][:depth] == pytest.approx(ref.accepted_per_position)
+
+
+def test_a_curve_grant_at_exactly_break_even_is_refused():
+    """An ask must beat the step's tokens per time (by the hurdle), not tie it: 0.5 more tokens for 0.5 more time
+    beside one token per 1.0 adds variance and nothing else."""
+    ask = [Ask("a", 1, tokens=1.5)]
+    cost = lambda n: 1 + 0.5 * (n - 1)  # noqa: E731
+    assert grant(ask, batch=1, cost=cost, hurdle=0.0) == {"a": 0}
+    assert grant([Ask("a", 1, tokens=1.51)], batch=1, cost=cost, hurdle=0.0) == {"a": 1}
+
+
+def test_a_granted_tree_adds_its_positions_to_the_step_the_next_ask_is_priced_at():
+    """A tree spends its nodes, not its depth: after one tree of 3 nodes at depth 1 the step holds 4 positions, so
+    the next tree would reach 7, past the flat part of the curve."""
+    cost = lambda n: 1.0 if n <= 5 else 3.0  # noqa: E731
+    trees = [Ask("a", 1, tokens=2.0, positions=3), Ask("b", 1, tokens=2.0, positions=3)]
+    assert grant(trees, batch=1, cost=cost) == {"a": 1, "b": 0}
+
+
+def test_a_shortened_chain_is_priced_by_its_own_expected_tokens():
+    """A prefix k' < k brings E(k') tokens, not E(k): at alpha 0.3 (E = 1.0, 1.3, 1.39) beside one other request,
+    k = 1 adds 0.3 tokens for 0.14 more time, short of the hurdle (0.336); counted at E(2) it would pass."""
+    cost = {2: 1.0, 3: 1.14, 4: 1.5}.__getitem__
+    assert grant([Ask("a", 2, tokens=1.39, shorter=(1.0, 1.3, 1.39))], batch=2, cost=cost) == {"a": 0}
+    assert grant([Ask("a", 2, tokens=1.39, shorter=(1.0, 1.4, 1.49))], batch=2, cost=cost) == {"a": 1}
+
+
+def test_a_picker_switches_on_its_least_samples():
+    """`least` samples are enough for a proof: never making twice the model's tokens switches at the 4th."""
+    p = ModePicker(explore=1, least=4, window=8)
+    p.current[2], p.reference[2] = "model", [2.0, 1.0]
+    for i in range(4):
+        assert p.current[2] == "model"
+        p.record(2, "never", 4 + 0.1 * i, 1.0)
+    assert p.current[2] == "never"
+
+
+def test_always_taking_over_from_the_model_moves_no_other_bucket():
+    """Only an arm that speculates taking over from never carries its proof down; always beating the model's
+    grants at 5-8 requests leaves 2 on never and the line where it was."""
+    p = ModePicker(explore=1, least=4, window=8)
+    p.current[2], p.current[8], p.reference[8] = "never", "model", [8.0, 1.0]
+    p.never_above = 1
+    for i in range(8):
+        p.record(8, "always", 16 + 0.1 * i, 1.0)
+    assert p.current[8] == "always" and p.current[2] == "never" and p.never_above == 1
+
+
+def test_after_a_switch_the_new_arm_sets_its_own_rate_before_anything_is_explored():
+    """Samples are taken against the running arm's rate: after a switch the old arm's rate is no reference, so
+    the bucket explores again only once the new arm has measured its own."""
+    p = ModePicker(explore=1, least=4, window=8)
+    p.current[2], p.reference[2] = "model", [2.0, 1.0]
+    for i in range(4):
+        p.record(2, "never", 4 + 0.1 * i, 1.0)
+    assert p.current[2] == "never" and p.choose(2) == "never"  # explore = 1, but no rate of never's yet
+    p.record(2, "never", 4, 1.0)
+    assert p.reference[2] == [4.0, 1.0] and p.choose(2) == "model"
+
+
+def test_a_picker_judges_an_arm_on_its_last_window_only():
+    """An arm's proof rests on its last `window` samples: old ones, from a load that has changed, drop out. Never
+    at half the model's rate for four steps, then at three times it, takes over within the next window."""
+    p = ModePicker(explore=1, least=4, window=4)
+    p.current[2], p.reference[2] = "model", [2.0, 1.0]
+    for tokens in (1.0, 1.1, 1.0, 1.1, 6.0, 6.1, 6.0, 6.1):
+        p.record(2, "never", tokens, 1.0)
+    assert p.current[2] == "never"
+
+
+def test_estimates_report_a_new_buckets_starting_arm():
+    """A bucket not seen yet reports the arm it would start on: never past the budget line."""
+    p = ModePicker(line=3)
+    assert p.estimates(2) == ("model", {}) and p.estimates(8) == ("never", {})
+
+
+def test_a_refused_ask_verifies_no_draft(tiny):
+    """Prompt lookup drafts before the grant; a refused ask's draft is dropped, not verified: at budget 1 (B = 1
+    fills the line) nothing is drafted or verified."""
+    model, tok = tiny
+    engine = Engine(model, tok, budget=1, speculation="auto")
+    ids = tok.encode(PROMPTS[0], chat=False)
+    run_engine(engine, [Job(ids, Request(max_new_tokens=12), method="prompt-lookup", k=4)])
+    m = engine.metrics
+    assert _sample_count(m, "specdec_k_granted_count", priority="interactive") > 0  # it asked
+    assert _sample_count(m, "specdec_drafted_tokens_total", drafter="prompt-lookup", priority="interactive") == 0
+
+
+def test_the_steps_overhead_is_counted_in_one_position_forwards(tiny, monkeypatch):
+    """`Engine.overhead` is a step's time beyond its forward in units of a one-position forward: a step of two
+    plain requests (curve(2) = 1.5) whose forward took 1 s of 5 s adds 4 x 1.5 = 6 units, weighted 0.1."""
+    import itertools
+
+    from specdec.serving import engine as engine_module
+    model, tok = tiny
+    engine = Engine(model, tok, cost=CostCurve({1: 1.0, 2: 1.5, 64: 8.0}), speculation="never")
+    for _ in range(2):
+        engine.submit(Job([5], Request(max_new_tokens=4)))  # one-token prompts: decoding at once
+    clock = itertools.count()  # each reading one second later: t0, forward start, forward end, 2 emits, end
+    monkeypatch.setattr(engine_module, "time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    engine.step()
+    assert engine.overhead == pytest.approx(0.1 * (5 - 1) / 1 * 1.5)
+
+
+def test_a_step_that_prefills_runs_the_current_arm_even_when_due_to_explore(tiny):
+    """The engine tells the picker which steps prefill: such a step runs the current arm, never an explored one,
+    even where every step without a prompt piece would explore (explore = 1)."""
+    model, tok = tiny
+    engine = Engine(model, tok, cost=CostCurve(), speculation="auto", max_batch=2)
+    engine.submit(Job(tok.encode(PROMPTS[1], chat=False), Request(max_new_tokens=30), method="prompt-lookup"))
+    while not engine.running or not engine.running[0].decoding:
+        engine.step()
+    engine.picker.explore, engine.picker.reference[1] = 1, [1.0, 0.01]  # due to explore on every counted step
+    engine.submit(Job(tok.encode(PROMPTS[4], chat=False), Request(max_new_tokens=4), method="prompt-lookup"))
+    engine.step()  # the new prompt is prefilled beside the decoding request
+    assert engine.arm == "model"
+
+
+def test_a_cheap_tree_asks_for_its_nodes_whole(tiny, monkeypatch):
+    """Recycling drafts before the grant: its ask is the tree it has, its depth and all its nodes as positions,
+    and never a chain's prefix list (`shorter`): a tree is granted whole or not."""
+    from specdec.drafters.recycling import Recycling
+    from specdec.serving import scheduler
+
+    model, tok = tiny
+    asks, proposed, real = [], [], scheduler.grant
+    monkeypatch.setattr(scheduler, "grant", lambda a, *args, **kw: asks.extend(a) or real(a, *args, **kw))
+    shared = Recycling(nodes=4)
+
+    def recording():
+        d = shared.fresh()
+        propose = d.propose
+        d.propose = lambda ctx, k: proposed.append(propose(ctx, k)) or proposed[-1]
+        return d
+
+    curve = CostCurve({1: 1.0, 4: 1.02, 8: 1.1, 64: 8.0})
+    engine = Engine(model, tok, cost=curve, speculation="auto", max_batch=2, drafters={"recycling": recording})
+    run_engine(engine, [Job(tok.encode(p, chat=False), Request(max_new_tokens=24), method="recycling")
+                        for p in PROMPTS * 2])
+    drafts = [d for d in proposed if len(d)]
+    assert [(a.k, a.width) for a in asks] == [(d.depth, len(d)) for d in drafts]
+    assert any(a.width > a.k for a in asks) and all(a.shorter == () for a in asks)
+
+
+def test_a_step_counts_past_the_budget_only_beyond_it():
+    """B is the requests decoding, not the positions; a forward of exactly the budget's positions is within it."""
+    m = Metrics()
+    m.step(batch=2, positions=4, budget=4, tokens=2, seconds=0.01)
+    assert _sample_count(m, "specdec_batch_size") == 2 and _sample_count(m, "specdec_steps_over_budget_total") == 0
+    m.step(batch=2, positions=5, budget=4, tokens=2, seconds=0.01)
+    assert _sample_count(m, "specdec_steps_over_budget_total") == 1 and _sample_count(m, "specdec_steps_total") == 2
+
+
+def test_the_queue_gauge_counts_the_jobs_left_waiting(tiny):
+    model, tok = tiny
+    engine = Engine(model, tok, budget=8, max_batch=1)
+    for p in PROMPTS[:3]:
+        engine.submit(Job(tok.encode(p, chat=False), Request(max_new_tokens=2)))
+    engine.step()
+    assert len(engine.running) == 1 and _sample_count(engine.metrics, "specdec_queue_length") == 2
+
+
+def test_a_tree_drafters_policy_prices_its_nodes(tiny):
+    """Adaptive k for a tree drafter knows its positions per depth (`nodes`), so its rounds are priced as trees."""
+    from specdec.drafters.recycling import Recycling
+    model, tok = tiny
+    engine = Engine(model, tok, budget=8)
+    drafter = Recycling(nodes=4)
+    policy = engine.new_policy(Job([5, 6], Request(max_new_tokens=8), method="prompt-lookup"), drafter)
+    assert policy.nodes == drafter.nodes and policy.k_max == drafter.k_max
+
+
+def test_a_requests_cache_holds_only_the_drafts_it_can_verify(tiny):
+    """A slot's cache: prompt, new tokens and the deepest draft's positions, where no draft goes deeper than the
+    tokens left minus one (k = 8 asked, 2 new tokens: drafts of at most 1)."""
+    model, tok = tiny
+    engine = Engine(model, tok, budget=8)
+    ids = tok.encode(PROMPTS[0], chat=False)
+    engine.submit(Job(ids, Request(max_new_tokens=2), method="prompt-lookup", k=8))
+    engine.step()
+    assert engine.running[0].cache.max_len == len(ids) + 2 + 1 + 1
+
+
+def test_a_fixed_k_is_counted_as_all_accepted_on_a_curve(tiny):
+    """A fixed k has no estimate: its ask counts k + 1 tokens, so on a cheap curve the model's grants run it."""
+    model, tok = tiny
+    engine = Engine(model, tok, cost=CostCurve({1: 1.0, 8: 1.01, 64: 8.0}), speculation="auto")
+    engine.picker = None  # the model's grants on every step (no explored arm grants every ask)
+    ids = tok.encode(PROMPTS[0], chat=False)
+    run_engine(engine, [Job(ids, Request(max_new_tokens=16), method="prompt-lookup", k=3)])
+    assert _sample_count(engine.metrics, "specdec_k_granted_sum", priority="interactive") > 0
+
+
+def test_the_engine_marks_refusals_so_a_request_probes(tiny, monkeypatch):
+    """Beside another request a step's drafts cost more than alone (curve flat to 2 positions, then steep): the
+    model's grants refuse every estimate, the engine tells each policy (`AdaptiveK.refused`), and its probes are
+    granted: the requests still draft now and then."""
+    from specdec.serving import scheduler
+    model, tok = tiny
+    asks, real = [], scheduler.grant
+    monkeypatch.setattr(scheduler, "grant", lambda a, *args, **kw: asks.extend(a) or real(a, *args, **kw))
+    engine = Engine(model, tok, cost=CostCurve({1: 1.0, 2: 1.0, 3: 2.0, 64: 100.0}), speculation="auto")
+    engine.picker = None  # the model's grants on every step
+    ids = tok.encode(PROMPTS[0], chat=False)
+    run_engine(engine, [Job(ids, Request(max_new_tokens=40), method="prompt-lookup") for _ in range(2)], join_every=1)
+    assert any(a.probe for a in asks) and not all(a.probe for a in asks)
+    assert _sample_count(engine.metrics, "specdec_k_granted_sum", priority="interactive") > 0
+
+
+def test_realized_alpha_counts_from_exactly_least_drafted():
+    m = Metrics()
+    m.acceptance("prompt-lookup", "interactive", 31, 10)
+    assert m.realized_alpha("prompt-lookup", "interactive") is None
+    m.acceptance("prompt-lookup", "interactive", 1, 0)
+    assert m.realized_alpha("prompt-lookup", "interactive") == pytest.approx(10 / 32)
+    assert _sample_count(m, "specdec_realized_alpha", drafter="prompt-lookup", priority="interactive") == \
+        pytest.approx(10 / 32)  # the gauge: all rounds so far, not the last one's
+
+
+def test_arm_ratios_drop_an_arm_no_longer_measured():
+    """After a switch a bucket's old figures were against the old arm: the gauge loses them, not keeps them stale."""
+    m = Metrics()
+    m.arm_ratios("2", "model", {"never": (0.9, 20), "always": (0.8, 20)})
+    m.arm_ratios("2", "never", {})
+    assert _sample_count(m, "specdec_auto_arm_ratio", batch="2", arm="never") == 1.0
+    assert m.registry.get_sample_value("specdec_auto_arm_ratio", {"batch": "2", "arm": "model"}) is None
+    assert m.registry.get_sample_value("specdec_auto_arm_ratio", {"batch": "2", "arm": "always"}) is None

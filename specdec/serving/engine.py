@@ -380,8 +380,8 @@ class Engine:
         slot.ctx.tokens.extend(emitted)
         if slot.drafter:
             rnd.feedback(slot.drafter, slot.policy, draft, result, emitted, logits, draft_s, target_s)
-            if n:
-                self.metrics.acceptance(slot.drafter.name, slot.job.priority, n, result.num_accepted)
+            if n:  # by depth, as decode() counts: a tree's siblings are alternatives for one position
+                self.metrics.acceptance(slot.drafter.name, slot.job.priority, draft.depth, result.num_accepted)
         now = time.perf_counter()
         if slot.last_emit is None:
             self.metrics.first_token(now - slot.job.submitted)

@@ -9,7 +9,8 @@ Each app owns its registry (served at /metrics). Names, documented in README.md'
     specdec_steps_over_budget_total         counter: steps whose forward held more positions than the budget
     specdec_step_positions                  histogram: positions per forward (B + drafts + prefill)
     specdec_tokens_per_step                 histogram: tokens committed per step, all requests together
-    specdec_drafted_tokens_total            counter{drafter, priority}: drafted tokens verified
+    specdec_drafted_tokens_total            counter{drafter, priority}: drafted tokens verified, by depth (a tree's
+                                            siblings are alternatives for one position: decode()'s `Result`)
     specdec_accepted_tokens_total           counter{drafter, priority}: of them accepted
     specdec_realized_alpha                  gauge{drafter, priority}: accepted / drafted so far
     specdec_position_drafted_total          counter{position}: rounds that reached draft position i (1-based)
@@ -99,6 +100,8 @@ class Metrics:
                     pass
 
     def acceptance(self, drafter: str, priority: str, drafted: int, accepted: int) -> None:
+        """One verified round: `drafted` its depth (a tree's nodes are alternatives, not positions), `accepted`
+        the tokens its verified path kept."""
         self.drafted.labels(drafter, priority).inc(drafted)
         self.accepted.labels(drafter, priority).inc(accepted)
         totals = self.totals.setdefault((drafter, priority), [0, 0])
