@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from specdec.commands import out_or
+
 DEFAULT_MAX_TOKENS = 16_000_000   # ShareGPT holds ~22M tokens; 16M build in about 2 minutes on 2 cores
 
 
@@ -68,19 +70,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
-def out_folder(out: str | None, model: str, source: str) -> Path:
-    """--out, or the cache's folder for this model and source when it is not given; an empty --out is refused (it
-    was read as not given)."""
-    from specdec import datastore as dsm
-    from specdec.errors import SpecdecError
-
-    if out is None:
-        return dsm.default_dir(model, source)
-    if not out.strip():
-        raise SpecdecError("--out is empty: name a folder, or leave --out out for the cache's folder")
-    return Path(out).expanduser()
-
-
 def run_build(args) -> int:
     from specdec import datastore as dsm
     from specdec.bench.report import check_out as check_writable  # a folder that takes files, left as it was
@@ -97,7 +86,7 @@ def run_build(args) -> int:
     if "sharegpt" in args.sources and not sharegpt:
         raise SpecdecError("--from sharegpt cannot be combined with files")
     source = "sharegpt" if sharegpt else "files"
-    out = out_folder(args.out, args.model, source)
+    out = out_or(args.out, lambda: dsm.default_dir(args.model, source))
     dsm.check_out(out, args.force, inputs=[] if sharegpt else args.sources)
     check_writable(out, (dsm.META,))  # before the corpus is tokenized (it was a traceback after it)
     max_tokens = args.max_tokens if args.max_tokens is not None else (DEFAULT_MAX_TOKENS if sharegpt else 0)

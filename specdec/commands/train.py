@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import sys
 
+from specdec.commands import out_or
+
 CHECKPOINT = "checkpoint.pt"  # the trainers' checkpoint file (`training.medusa.CHECKPOINT`; not imported: torch)
 
 DEFAULT_TOKENS = 100_000
@@ -167,21 +169,6 @@ def check_run_args(args, names) -> None:
         raise SpecdecError(f"--lr must be a positive number, got {args.lr}")
 
 
-def out_folder(args, kind: str):
-    """--out, or the store's folder for this model and kind when it is not given; an empty --out is refused (it was
-    read as not given, and the heads went to the store's folder)."""
-    from pathlib import Path
-
-    from specdec.errors import SpecdecError
-    from specdec.training import heads
-
-    if args.out is None:
-        return heads.store_dir(args.model, kind)
-    if not args.out.strip():
-        raise SpecdecError("--out is empty: name a folder, or leave --out out for the store's folder")
-    return Path(args.out).expanduser()
-
-
 def check_out(args, out) -> None:
     """An --out that cannot be a folder, or --resume without a checkpoint in it: said before the target runs over
     the corpus (the trainer makes the folder only after that pass)."""
@@ -213,7 +200,7 @@ def run_medusa(args) -> int:
     from specdec.training.medusa import TrainSettings, train
 
     check_run_args(args, ("tokens", "max_len", "epochs", "heads", "draft_vocab", "batch", "checkpoint_every"))
-    out = out_folder(args, "medusa")
+    out = out_or(args.out, lambda: heads.store_dir(args.model, "medusa"))
     check_out(args, out)
     try:
         model, fp, data, where, cache = target_and_cache(args)
@@ -244,13 +231,14 @@ def run_eagle(args) -> int:
 
     from specdec.drafters.eagle_head import default_aux_layers
     from specdec.errors import SpecdecError
+    from specdec.training import heads
     from specdec.training.eagle import TrainSettings, train
 
     if args.ttt_steps is None:
         args.ttt_steps = 3 if args.version == 3 else 1
     check_run_args(args, ("tokens", "max_len", "epochs", "ttt_steps", "draft_vocab", "batch_tokens",
                           "checkpoint_every"))
-    out = out_folder(args, "eagle" if args.version == 3 else "eagle1")
+    out = out_or(args.out, lambda: heads.store_dir(args.model, "eagle" if args.version == 3 else "eagle1"))
     check_out(args, out)
     try:
         model, fp, data, where, cache = target_and_cache(args, lambda n: default_aux_layers(args.version, n))
