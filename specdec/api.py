@@ -220,10 +220,10 @@ class LLM:
         return decode(self.model, self.tokenizer, ids, opts.request, drafter, policy)
 
     def stream(self, prompt: str | Sequence[int], **options) -> Iterator[str]:
-        """Yield text as tokens are committed (same keyword arguments as `generate`)."""
-        for chunk in self.chunks(prompt, **options):
-            if chunk.text:
-                yield chunk.text
+        """Text as tokens are committed (same keyword arguments as `generate`). Bad options raise here,
+        at the call, not at the first item."""
+        chunks = self.chunks(prompt, **options)
+        return (chunk.text for chunk in chunks if chunk.text)
 
     def generate(self, prompt: str | Sequence[int], **options) -> Result:
         """Generate a completion of a prompt: text, or a list of token ids (used as is). Keyword arguments

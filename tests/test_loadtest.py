@@ -202,6 +202,7 @@ def test_run_level_against_a_stand_in_server(monkeypatch):
 
 
 @pytest.mark.parametrize("argv, said", [(["--requests", "8", "--waves", "2"], "--waves sizes a level only without"),
+                                        (["--requests", "8", "--waves", "4"], "--waves sizes a level only without"),
                                         (["--out", ""], "--out is empty")])
 def test_an_unread_waves_or_an_empty_out_is_refused(tmp_path, capsys, monkeypatch, argv, said):
     """--waves beside --requests was ignored (--requests sizes every level), and `--out ''` wrote into the current

@@ -175,7 +175,7 @@ def test_api_refuses_with_one_error(llm, prompt, kwargs, words):
     with pytest.raises(OptionError, match=words):
         llm.generate(prompt, **kwargs)
     with pytest.raises(OptionError, match=words):
-        next(llm.stream(prompt, **kwargs))
+        llm.stream(prompt, **kwargs)  # at the call, before the first item is asked for
 
 
 def test_api_lookahead_config_and_tuple(llm, tmp_path_factory):

@@ -514,7 +514,8 @@ def test_dashboard_page_in_a_browser(tiny, client, live, tmp_path):
 @pytest.mark.parametrize("argv, words", [(["--budget", "lots"], "--budget"), (["--budget", "0"], "--budget"),
                                          (["--port", "70000"], "--port"), (["--max-batch", "0"], "--max-batch"),
                                          (["--api-key", ""], "--api-key is empty"),
-                                         (["--api-key", "KEY "], "starts or ends with whitespace")])
+                                         (["--api-key", "KEY "], "starts or ends with whitespace"),
+                                         (["--speculation", "always", "--method", "plain"], "name a drafter")])
 def test_serve_refuses_bad_flags_in_one_line(argv, words, capsys):
     from specdec.cli import main
 

@@ -139,14 +139,18 @@ def run(args: argparse.Namespace) -> int:
     be_text = ("none (tau > 1: drafting always costs more than it can save)" if be is None
                else "any (k = 0 drafts nothing: plain decoding)" if args.k == 0 else _fixed(be, 4))
     print(f"alpha={_arg(args.alpha)}  k={args.k}  tau={_arg(args.tau)}")
-    print(f"expected tokens per round  {s['expected_tokens']:.4f}")
-    print(f"speedup                    {_fixed(s['speedup'], 3)}x")
     burst = f"P(full burst of {args.k + 1} token{'' if args.k == 0 else 's'})"
-    print(f"{burst:<26} {_fixed(s['full_burst_probability'], 4)}")
     if s["best_k_capped"]:
-        print(f"best k for this alpha, tau >= {s['best_k']}, the --k-max cap: the speedup still rises with k "
-              f"({s['best_speedup']:.3f}x at k={s['best_k']})")
+        best = (f">= {s['best_k']}, the --k-max cap: the speedup still rises with k "
+                f"({s['best_speedup']:.3f}x at k={s['best_k']})")
     else:
-        print(f"best k for this alpha, tau {s['best_k']}  ({s['best_speedup']:.3f}x)")
-    print(f"break-even alpha at this k {be_text}")
+        best = f"{s['best_k']}  ({s['best_speedup']:.3f}x)"
+    lines = [("expected tokens per round", f"{s['expected_tokens']:.4f}"),
+             ("speedup", f"{_fixed(s['speedup'], 3)}x"),
+             (burst, _fixed(s["full_burst_probability"], 4)),
+             ("best k for this alpha, tau", best),
+             ("break-even alpha at this k", be_text)]
+    width = max(len(label) for label, _ in lines)  # a long k widens the label column, never runs into a value
+    for label, value in lines:
+        print(f"{label:<{width}} {value}")
     return 0

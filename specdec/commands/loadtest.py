@@ -72,7 +72,7 @@ def register(sub) -> None:
                         "the concurrency every request starts at once and the level times its slowest request, not "
                         "the server's throughput at that load: speculation then gains only where it speeds up the "
                         "slowest one")
-    p.add_argument("--waves", type=int, default=WAVES, metavar="W",
+    p.add_argument("--waves", type=int, default=None, metavar="W",
                    help="without --requests: W x the level's concurrency requests (at least 4 W; default 4). Shorter "
                         "levels leave time for more --repeat runs, which the paired comparison of modes needs more")
     p.add_argument("--repeat", type=int, default=1, metavar="R",
@@ -183,11 +183,12 @@ def run(args) -> int:
     from specdec.errors import SpecdecError
     from specdec.serving.loadtest import ServerGone, check_loopback, markdown, plot, pooled, run_level, unreachable
 
+    if args.requests is not None and args.waves is not None:  # --requests sizes every level: --waves would be unread
+        raise SpecdecError("--waves sizes a level only without --requests: give one of them")
+    args.waves = WAVES if args.waves is None else args.waves
     if ((args.requests is not None and args.requests < 1) or args.waves < 1 or args.max_tokens < 1 or args.repeat < 1
             or not args.timeout > 0):
         raise SpecdecError("--requests, --waves, --max-tokens, --repeat and --timeout must be positive")
-    if args.requests is not None and args.waves != WAVES:  # --requests sizes every level: --waves would be unread
-        raise SpecdecError("--waves sizes a level only without --requests: give one of them")
     if (args.url is None) == (args.serve is None):
         raise SpecdecError("give either --url (a running server) or --serve MODES (servers started here)")
     if args.url is not None:  # the servers' own flags mean nothing to a running server: refused, not ignored

@@ -96,6 +96,9 @@ def run(args) -> int:
                            "'Authorization: Bearer KEY' can match: give the key without it")
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in [0, 65535], got {args.port}")
+    if args.speculation == "always" and args.method == "plain":
+        raise SpecdecError("--speculation always with --method plain: requests would not draft unless they ask; "
+                           "name a drafter (--method prompt-lookup|recycling|eagle), or serve --speculation never")
     budget = budget_arg(args.budget)
     sock = listen(args.host, args.port)  # a busy port or a bad host: one line, before the model loads
     llm = LLM(args.model, dtype=args.dtype, device=args.device, kv_dtype=args.kv_dtype, heads=args.heads)

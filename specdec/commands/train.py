@@ -195,7 +195,6 @@ def interrupted(out) -> int:
 
 
 def run_medusa(args) -> int:
-    from specdec.errors import SpecdecError
     from specdec.training import heads
     from specdec.training.medusa import TrainSettings, train
 
@@ -225,12 +224,7 @@ def run_medusa(args) -> int:
 
 
 def run_eagle(args) -> int:
-    import copy
-
-    import torch
-
     from specdec.drafters.eagle_head import default_aux_layers
-    from specdec.errors import SpecdecError
     from specdec.training import heads
     from specdec.training.eagle import TrainSettings, train
 
@@ -250,7 +244,7 @@ def run_eagle(args) -> int:
     except KeyboardInterrupt:
         return interrupted(out)
     head.cfg.training["data"] = {"sources": data, "max_len": args.max_len, "hidden_cache": where.name}
-    copy.deepcopy(head).half().save(out)
+    head.save(out)
     t = head.cfg.training
     if args.json:
         print(json.dumps(t, indent=2))

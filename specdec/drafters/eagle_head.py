@@ -148,7 +148,7 @@ class EagleConfig:
             "head_dim": self.head_dim, "hidden_act": "silu", "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta, "max_position_embeddings": self.max_position_embeddings,
             "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size,
-            "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False, "torch_dtype": "float32",
+            "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False, "torch_dtype": "float16",
             "eagle_aux_hidden_state_layer_ids": [i + 1 for i in self.aux_layers],   # vLLM: layer inputs
             "eagle_config": {"use_aux_hidden_state": True,
                              "eagle_aux_hidden_state_layer_ids": list(self.aux_layers)},  # SGLang: outputs
@@ -346,11 +346,13 @@ class EagleHead(nn.Module):
     # --- files ----------------------------------------------------------------------------------------
 
     def save(self, folder: str | Path) -> Path:
-        """model.safetensors + config.json (config last: its presence means the folder is complete)."""
+        """model.safetensors (float weights in fp16, as heads are trained and shipped: an export of a loaded
+        head is the size of the head it read) + config.json (last: its presence means the folder is complete)."""
         from specdec.store import write_safetensors
 
         folder = Path(folder)
-        write_safetensors(folder / WEIGHTS, {k: v.detach() for k, v in self.state_dict().items()})
+        write_safetensors(folder / WEIGHTS, {k: v.detach().half() if v.is_floating_point() else v.detach()
+                                             for k, v in self.state_dict().items()})
         (folder / CONFIG).write_text(json.dumps(self.cfg.to_hf(), indent=2))
         return folder
 
