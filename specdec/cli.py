@@ -32,7 +32,19 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         module.register(sub)
     parser.commands = sub.choices  # name -> its parser, for `in_cli_words`
+    no_abbreviations(parser)
     return parser
+
+
+def no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """Turn off argparse's prefix matching in `parser` and every subcommand's: `calc --k 8` was read as
+    `--k-max 8` (k stayed 4, without a word), and a prefix that means one flag today means another once a
+    longer one is added."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                no_abbreviations(child)
 
 
 def in_cli_words(message: str, parser: argparse.ArgumentParser) -> str:

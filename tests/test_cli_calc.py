@@ -259,3 +259,24 @@ def test_plot_refuses_a_flag_its_picture_does_not_read(capsys, tmp_path, what, f
     out = tmp_path / "p.png"
     code, _, err = run(capsys, "plot", what, flag, value, "--out", str(out))
     assert code == 2 and f"{flag} is read only by the" in err and f"not by {what}" in err and not out.exists()
+
+
+def test_no_flag_is_read_as_a_prefix_of_another(capsys, tmp_path):
+    """`calc --k 8` was argparse's prefix of --k-max: k stayed 4 and the best k was searched up to 8, without a
+    word. --k is now -k's long spelling (as in generate), and no command takes a prefix for a flag."""
+    code, out, _ = run(capsys, "calc", "--k", "8", "--alpha", "0.8", "--json")
+    assert code == 0 and json.loads(out)["k"] == 8
+    assert json.loads(run(capsys, "calc", "--alpha", "0.8", "--k-max", "8", "--json")[1])["k"] == 4
+    code, _, _ = run(capsys, "plot", "rounds", "--k", "3", "--out", str(tmp_path / "r.png"))
+    assert code == 0
+    for argv in (["calc", "--alph", "0.5"], ["generate", "hi", "--max-new", "5"], ["train", "medusa", "--epoch", "1"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err, argv
+
+
+def test_plot_refuses_a_flag_its_picture_does_not_read_even_at_its_default(capsys, tmp_path):
+    code, _, err = run(capsys, "plot", "surface", "--alpha", "0.7", "--out", str(tmp_path / "s.png"))
+    assert code == 2 and "--alpha is read only by the rounds plot" in err
+    code, _, err = run(capsys, "plot", "budget", "--k-max", "12", "--out", str(tmp_path / "b.png"))
+    assert code == 2 and "--k-max is read only by the surface plot" in err

@@ -28,7 +28,7 @@ def register(subparsers) -> None:
         epilog="Example: specdec calc --alpha 0.15 -k 8 --tau 0.1  (0.65x: slower than plain decoding)",
     )
     p.add_argument("--alpha", type=float, default=None, help="acceptance rate per drafted token, in [0, 1] (default 0.7)")
-    p.add_argument("-k", type=int, default=None, help="tokens drafted per round, >= 0 (default 4)")
+    p.add_argument("-k", "--k", type=int, default=None, help="tokens drafted per round, >= 0 (default 4)")
     p.add_argument("--tau", type=float, default=0.1,
                    help="draft cost per token as a fraction of one target step, >= 0 (default 0.1)")
     p.add_argument("--k-max", type=int, default=None,

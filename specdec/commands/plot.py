@@ -23,16 +23,19 @@ def register(subparsers) -> None:
     )
     p.add_argument("what", choices=["surface", "rounds", "budget"], help="which picture to draw")
     p.add_argument("--out", required=True, metavar="FILE.png", help="output image (.png, .svg or .pdf)")
-    p.add_argument("--alpha", type=float, default=0.7, help="acceptance rate for 'rounds' (default 0.7)")
-    p.add_argument("-k", type=int, default=4, help="draft length for 'rounds' (0..64) and 'budget' (default 4)")
-    p.add_argument("--tau", type=float, default=0.1, help="draft cost ratio for 'surface' (default 0.1)")
-    p.add_argument("--k-max", type=int, default=12, help="largest k on the 'surface' plot, 2..64 (default 12)")
-    p.add_argument("--budget", type=float, default=156,
+    p.add_argument("--alpha", type=float, default=None, help="acceptance rate for 'rounds' (default 0.7)")
+    p.add_argument("-k", "--k", type=int, default=None,
+                   help="draft length for 'rounds' (0..64) and 'budget' (default 4)")
+    p.add_argument("--tau", type=float, default=None, help="draft cost ratio for 'surface' (default 0.1)")
+    p.add_argument("--k-max", type=int, default=None, help="largest k on the 'surface' plot, 2..64 (default 12)")
+    p.add_argument("--budget", type=float, default=None,
                    help="token positions one step verifies for free, for 'budget' (default 156)")
     p.set_defaults(func=run)
 
 
-READ_BY = {  # a flag: its argparse dest, its default, and the pictures that read it
+# a flag: its argparse dest, its default (the parser's is None, so a flag given is told from one left out), and
+# the pictures that read it
+READ_BY = {
     "--alpha": ("alpha", 0.7, {"rounds"}),
     "-k": ("k", 4, {"rounds", "budget"}),
     "--tau": ("tau", 0.1, {"surface"}),
@@ -42,10 +45,12 @@ READ_BY = {  # a flag: its argparse dest, its default, and the pictures that rea
 
 
 def check_flags_read(args: argparse.Namespace) -> None:
-    """Refuse a flag the chosen picture does not read, so that `plot surface --alpha 0.3` is an error, not a
-    surface drawn without it."""
+    """Refuse a flag the chosen picture does not read, so that `plot surface --alpha 0.3` (or `--alpha 0.7`, the
+    default spelled out) is an error, not a surface drawn without it; then fill in the defaults."""
     for flag, (dest, default, readers) in READ_BY.items():
-        if getattr(args, dest) != default and args.what not in readers:
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
+        elif args.what not in readers:
             raise ValueError(f"{flag} is read only by the {' and '.join(sorted(readers))} plot"
                              f"{'s' * (len(readers) > 1)}, not by {args.what}: drop {flag}")
 
