@@ -69,7 +69,11 @@ class Result:
     """One request's outcome. Acceptance is counted by depth, so chains and trees read alike: a round
     drafting a tree of 9 nodes, 3 deep, whose verified path keeps 2 tokens adds 9 to `drafted`, 2 to
     `accepted` and 3 to the drafted depth; `acceptance_rate` = accepted / drafted depth (2/3 here) and
-    `accepted_per_position[i]` is the share of rounds reaching depth i+1 whose token there was accepted."""
+    `accepted_per_position[i]` is the share of rounds reaching depth i+1 whose token there was accepted.
+    These are the verifier's counts, what the drafter earned: a stop string or EOS that ends the text inside
+    an accepted block drops its tail from the text and `new_tokens` but not from `accepted` (so `accepted` can
+    exceed `new_tokens`, e.g. 4 accepted, 1 of them kept, 3 new tokens); each Chunk's `accepted` counts
+    only its committed tokens."""
 
     text: str
     prompt_tokens: int
@@ -193,7 +197,7 @@ def check_context(model: Transformer, prompt_len: int, max_new_tokens: int) -> N
     if prompt_len + max_new_tokens > limit:
         raise SpecdecError(
             f"prompt ({prompt_len} tokens) + max new tokens ({max_new_tokens}) exceed the model's context "
-            f"of {limit} tokens: shorten the prompt or lower --max-new-tokens")
+            f"of {limit} tokens: shorten the prompt or lower max_new_tokens (--max-new-tokens)")
 
 
 def target_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
@@ -204,10 +208,16 @@ def target_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor
 def decode(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], request: Request,
            drafter: Drafter | None = None, policy=None) -> Iterator[Chunk]:
     """Generate for one request. `drafter` None is plain decoding; `policy` chooses k each round
-    (`specdec.adaptive.AdaptiveK`, or `FixedK(k)`; default FixedK(4) when a drafter is given)."""
+    (`specdec.adaptive.AdaptiveK`, or `FixedK(k)`; default FixedK(4) when a drafter is given).
+    An empty prompt or one that leaves no room for max_new_tokens raises here, before the first chunk."""
     if not prompt_ids:
         raise SpecdecError("the prompt is empty")
     check_context(model, len(prompt_ids), request.max_new_tokens)
+    return _rounds(model, tokenizer, prompt_ids, request, drafter, policy)
+
+
+def _rounds(model: Transformer, tokenizer: Tokenizer, prompt_ids: list[int], request: Request,
+            drafter: Drafter | None, policy) -> Iterator[Chunk]:
     sampling = request.sampling
     policy = policy or FixedK(4 if drafter else 0)
     mode = "greedy" if sampling.greedy else request.acceptance

@@ -12,6 +12,7 @@ message says what is wrong and what to pass instead; the CLI prints it on one li
 
 from __future__ import annotations
 
+import numbers
 import operator
 import os
 from dataclasses import dataclass, field, fields
@@ -152,9 +153,21 @@ class GenerationOptions:
         from specdec.decode import Request
         from specdec.sampling import SamplingParams
 
+        for name in NUMBERS:  # numpy's scalars (a seed or length read from an array) as Python's int and float
+            object.__setattr__(self, name, python_number(getattr(self, name)))
         object.__setattr__(self, "stop", check_stop(self.stop))
         check_method(self.method)
         check_k(self.k)
+        if self.method == "plain" and self.k != "auto":
+            raise OptionError(f"k={self.k!r} sets a draft length, and method 'plain' drafts nothing: drop k or "
+                              "choose a speculative method")
+        if self.acceptance == "typical" and self.method == "plain":
+            raise OptionError("acceptance='typical' loosens how drafts are accepted, and method 'plain' drafts "
+                              "nothing: drop it or choose a speculative method")
+        given = [n for n in ("posterior_threshold", "posterior_alpha") if getattr(self, n) is not None]
+        if given and self.acceptance != "typical":
+            raise OptionError(f"{' and '.join(given)} tune{'s' * (len(given) == 1)} typical acceptance: pass "
+                              "acceptance='typical' too, or drop them")
         if self.chat is not None and not isinstance(self.chat, bool):
             raise OptionError(f"chat must be True, False or None, got {self.chat!r}")
         try:
@@ -183,6 +196,22 @@ class GenerationOptions:
             raise OptionError(f"unknown option{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}: "
                               f"the options are {', '.join(names)}")
         return cls(**options)
+
+
+NUMBERS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "k", "posterior_threshold",
+           "posterior_alpha")
+
+
+def python_number(x):
+    """Another library's integer or real scalar (numpy's int64, float32...) as Python's int or float; anything
+    else, bools included, as it is (and checked as it is). Example: python_number(np.int64(5)) -> 5."""
+    if isinstance(x, (bool, int, float)):
+        return x
+    if isinstance(x, numbers.Integral):
+        return int(x)
+    if isinstance(x, numbers.Real):
+        return float(x)
+    return x
 
 
 # --- the LLM's method settings -------------------------------------------------------------------------
@@ -251,7 +280,7 @@ def check_exit_layer(value, layers: int | None = None) -> int | str:
     return layer
 
 
-NEEDS_DRAFT = "method 'draft' needs a draft model: pass --draft NAME (e.g. qwen2.5-coder-0.5b)"
+NEEDS_DRAFT = "method 'draft' needs a draft model: pass --draft NAME, or LLM(draft=NAME) (e.g. qwen2.5-coder-0.5b)"
 
 
 def check_tree(tree, method: str | None = None) -> str:
@@ -294,4 +323,5 @@ def check_setup(*, draft: str | None = None, sources: Sequence[str] | str = ("pr
     if draft is None and method == "hybrid" and "draft" in names:
         raise OptionError(f"hybrid's sources ({','.join(names)}; --sources, default prompt-lookup,draft) include "
                           "draft, which needs a draft model: pass --draft NAME (e.g. qwen2.5-coder-0.5b) or sources "
-                          "without it, e.g. --sources prompt-lookup,recycling")
+                          "without it, e.g. --sources prompt-lookup,recycling (in Python: LLM(draft=NAME) or "
+                          "LLM(sources=...))")

@@ -231,7 +231,7 @@ def no_loading(monkeypatch):
     (["hi", "--method", "lookahead", "--ngram", "1"], "ngram"),
     (["hi", "--method", "medusa", "--temperature", "0.7", "--acceptance", "typical", "--posterior-threshold", "-1"],
      "--posterior-threshold (epsilon)"),
-    (["hi", "--posterior-alpha", "nan"], "--posterior-alpha (delta)"),
+    (["hi", "--method", "medusa", "--acceptance", "typical", "--posterior-alpha", "nan"], "--posterior-alpha (delta)"),
     (["hi", "--method", "medusa", "--tree-nodes", "0"], "--tree-nodes must"),
     (["hi", "--model", "/etc/hostname"], "is a file but not a model"),
     (["hi", "--tree", "dynamic"], "--tree is read only by eagle and medusa"),  # was silently a plain run

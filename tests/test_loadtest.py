@@ -101,6 +101,13 @@ def test_every_request_refused_stops_with_the_servers_reason(tmp_path, capsys, m
                  "--out", str(tmp_path / "lt2")]) == 2  # the prompts do not fit: --model and --api-key are not why
     assert capsys.readouterr().err.rstrip().endswith("(check --prompts and --max-tokens: the prompts must fit the "
                                                      "model's context)")
+    for error, hint in (("timeout", "raise --timeout or lower --max-tokens"),
+                        ('RuntimeError: HTTP 500: {"error": {"message": "boom"}}', "see the server's log")):
+        said.append(error)  # not refused, none completed either: still no measurement, still exit 2
+        assert main(["loadtest", "--url", "http://127.0.0.1:9", "--model", "m", "--concurrency", "1", "--requests",
+                     "2", "--timeout", "0.001", "--out", str(tmp_path / "lt3")]) == 2
+        err = capsys.readouterr().err.rstrip()
+        assert "no request completed at concurrency 1" in err and err.endswith(f"({hint})")
 
 
 def test_one_request_times_chunk_gaps_and_the_time_per_output_token():
@@ -228,3 +235,6 @@ def test_serve_refuses_a_mode_named_twice(capsys, monkeypatch):
     with pytest.raises(SystemExit) as e:
         main(["loadtest", "--serve", "auto,never,auto"])
     assert e.value.code == 2 and "names a mode twice" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # a level named twice: measured twice, reported as two rows
+        main(["loadtest", "--serve", "auto", "--concurrency", "1,2,1"])
+    assert e.value.code == 2 and "names a level twice" in capsys.readouterr().err

@@ -35,10 +35,25 @@ def test_stop_is_one_string_and_none_is_no_stop():
     (dict(top_k=False), "top_k"), (dict(seed=2**64), "2\\*\\*64-1"), (dict(seed=-1), "seed"),
     (dict(seed=True), "seed"), (dict(method="telepathy"), "unknown method"), (dict(chat="yes"), "chat"),
     (dict(temperature=float("nan")), "temperature"), (dict(top_p=0), "top_p"),
+    (dict(k=4), "method 'plain' drafts nothing"), (dict(acceptance="typical"), "method 'plain' drafts nothing"),
+    (dict(method="medusa", posterior_alpha=0.3), "posterior_alpha tunes typical acceptance"),
 ])
 def test_bad_options(kwargs, words):
     with pytest.raises(OptionError, match=words):
         GenerationOptions(**kwargs)
+
+
+def test_numpy_numbers_are_numbers():
+    """A seed or a length read from an array is numpy's scalar: taken as Python's number (bools still refused)."""
+    np = pytest.importorskip("numpy")
+    o = GenerationOptions(max_new_tokens=np.int64(5), seed=np.uint64(2**64 - 1), top_k=np.int32(3),
+                          temperature=np.float32(0.5), top_p=np.float16(0.5), method="prompt-lookup", k=np.int8(4))
+    assert (o.max_new_tokens, o.seed, o.top_k, o.k, o.temperature, o.top_p) == (5, 2**64 - 1, 3, 4, 0.5, 0.5)
+    assert [type(v) for v in (o.max_new_tokens, o.seed, o.k, o.temperature)] == [int, int, int, float]
+    with pytest.raises(OptionError, match="max_new_tokens"):
+        GenerationOptions(max_new_tokens=np.bool_(True))
+    with pytest.raises(OptionError, match="temperature"):
+        GenerationOptions(temperature=np.float32("nan"))
 
 
 def test_seed_range_edges():
@@ -178,6 +193,16 @@ def test_api_refuses_with_one_error(llm, prompt, kwargs, words):
         llm.stream(prompt, **kwargs)  # at the call, before the first item is asked for
 
 
+def test_a_prompt_past_the_context_is_refused_at_the_call(llm):
+    """stream() too: code that sends a header before iterating learns of it first."""
+    n = llm.model.cfg.max_position_embeddings
+    for call in (llm.generate, llm.stream, llm.chunks):
+        with pytest.raises(SpecdecError, match=r"exceed the model's context .* lower max_new_tokens"):
+            call("hi", chat=False, max_new_tokens=n)
+        with pytest.raises(SpecdecError, match="the prompt is empty"):
+            call([], max_new_tokens=2)
+
+
 def test_api_lookahead_config_and_tuple(llm, tmp_path_factory):
     from specdec import LLM
 
@@ -206,7 +231,7 @@ def test_unknown_keyword_is_an_option_error(llm):
     """`except ValueError` catches every bad option, an unknown name too (it was a TypeError)."""
     for call in (llm.generate, llm.stream, llm.chunks):
         with pytest.raises(OptionError, match="unknown option 'n': the options are max_new_tokens, "):
-            list(call("hi", n=2))  # generate and chunks raise at the call, stream at its first item
+            call("hi", n=2)  # at the call, stream too
     with pytest.raises(OptionError, match="unknown options 'bogus', 'logprobs'"):
         llm.generate("hi", logprobs=1, bogus=True)
 

@@ -190,6 +190,11 @@ def test_openai_error_codes_and_neutral_fields(tiny, client, live):
     err = r.json()["error"]
     assert r.status_code == 400 and (err["code"], err["param"]) == ("context_length_exceeded", "max_tokens")
     assert "max_tokens" in err["message"] and "--" not in err["message"]
+    r = httpx.post(live.url + "/v1/chat/completions", json={"model": folder, "max_completion_tokens": 10**6,
+                                                            "messages": [{"role": "user", "content": "abc"}]})
+    err = r.json()["error"]  # the field the client sent, under its own name
+    assert r.status_code == 400 and (err["code"], err["param"]) == ("context_length_exceeded", "max_completion_tokens")
+    assert "max_completion_tokens (1000000)" in err["message"]
     r = httpx.post(live.url + "/v1/completions", content=json.dumps({"model": folder, "prompt": "abc"}))
     assert r.status_code == 400 and "Content-Type: application/json" in r.json()["error"]["message"]
     neutral = dict(logprobs=None, echo=False, presence_penalty=0, frequency_penalty=0.0, logit_bias={}, best_of=1)

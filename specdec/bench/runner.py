@@ -141,7 +141,9 @@ class OurMethod:
     def generate(self, ids: Sequence[int], max_new_tokens: int | None = None) -> dict:
         s = self.settings
         kw = dict(max_new_tokens=max_new_tokens or s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-                  top_k=s.top_k, min_p=s.min_p, seed=s.seed, method=self.method, k=s.k)
+                  top_k=s.top_k, min_p=s.min_p, seed=s.seed, method=self.method)
+        if self.method != "plain":  # plain decoding has no k to set
+            kw["k"] = s.k
         kw.update(self.kwargs)
         t0 = time.perf_counter()
         r = self.llm.generate(list(ids), **kw)

@@ -141,12 +141,13 @@ def run(args) -> int:
     from specdec.bench import prompts as P
     from specdec.bench import report, runner
     from specdec.commands.generate import DTYPES, check_flags_read, lookahead_arg
-    from specdec.options import GenerationOptions, check_setup
+    from specdec.options import GenerationOptions, check_k, check_setup
 
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be at least 1, got {args.limit}")
     GenerationOptions(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                      top_k=args.top_k, min_p=args.min_p, seed=args.seed, k=args.k)  # the same checks as generate, before anything loads
+                      top_k=args.top_k, min_p=args.min_p, seed=args.seed)  # the same checks as generate, before anything loads
+    check_k(args.k)
     if args.compare_llamacpp and args.temperature > 0:
         raise ValueError("--compare-llamacpp runs greedy only: drop --temperature")
     if args.device != "cpu" and args.compare_llamacpp:

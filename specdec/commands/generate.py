@@ -221,11 +221,12 @@ def run(args) -> int:
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, min_p=args.min_p, seed=args.seed, stop=args.stop, chat=args.chat,
                   method=args.method, k=args.k, acceptance=args.acceptance,
-                  posterior_threshold=args.posterior_threshold, posterior_alpha=args.posterior_alpha)
+                  **({"posterior_threshold": args.posterior_threshold, "posterior_alpha": args.posterior_alpha}
+                     if args.acceptance == "typical" else {}))
+    check_flags_read(args, [args.method])  # a flag the method does not read, in the flags' own words
     GenerationOptions(**kwargs)
     setup = dict(draft=args.draft, exit_layer=args.exit_layer, sources=args.sources, lookahead=lookahead_arg(args))
     check_setup(**setup, method=args.method, **medusa_kwargs(args))
-    check_flags_read(args, [args.method])
     prompt = read_prompt(args.prompt)
 
     from specdec.api import LLM

@@ -22,6 +22,9 @@ def levels_arg(value: str) -> list[int]:
         levels = []
     if not levels or any(not 1 <= c <= 256 for c in levels):
         raise argparse.ArgumentTypeError(f"concurrency must be a list like 1,2,4,8 of integers in [1, 256], got {value!r}")
+    if len(set(levels)) < len(levels):
+        raise argparse.ArgumentTypeError(f"--concurrency names a level twice in {value!r}: name each once "
+                                         "(--repeat runs every level again)")
     return levels
 
 
@@ -232,13 +235,16 @@ def run(args) -> int:
                         runs[mode] += lv["raw"]
                         print(f"{mode} c={c}: {lv['throughput']:.2f} tokens/s, {lv['errors']} errors"
                               + (f" ({'; '.join(lv['error_samples'])})" if lv["errors"] else ""), file=sys.stderr)
-                        if not lv["completed"] and lv["error_samples"] and all(
-                                e.startswith("RuntimeError: HTTP 4") for e in lv["error_samples"]):
-                            said = lv["error_samples"][0].removeprefix("RuntimeError: ")
-                            hint = ("--prompts and --max-tokens: the prompts must fit the model's context"
-                                    if "context" in said else "--model and --api-key")
-                            raise SpecdecError(f"the server refused every request at concurrency {c}: {said} "
-                                               f"(check {hint})")
+                        if not lv["completed"]:  # a table of zeros is no measurement: say why, exit 2
+                            said = (lv["error_samples"] or ["no answer"])[0].removeprefix("RuntimeError: ")
+                            if said.startswith("HTTP 4"):
+                                hint = ("--prompts and --max-tokens: the prompts must fit the model's context"
+                                        if "context" in said else "--model and --api-key")
+                                raise SpecdecError(f"the server refused every request at concurrency {c}: {said} "
+                                                   f"(check {hint})")
+                            hint = ("raise --timeout or lower --max-tokens" if "timeout" in said.lower()
+                                    else "see the server's log")
+                            raise SpecdecError(f"no request completed at concurrency {c}: {said} ({hint})")
             except ServerGone as e:  # keep the levels measured before it, and say so
                 gone = e
                 break

@@ -299,7 +299,7 @@ class LiveRunner:
         trace = LaneTrace(method)
         t0 = time.perf_counter()
         chunks = llm.chunks(req.prompt, max_new_tokens=req.max_new_tokens, temperature=req.temperature,
-                            seed=req.seed, method=method, k=req.k)
+                            seed=req.seed, method=method, **({} if method == "plain" else {"k": req.k}))
         try:
             for chunk in chunks:
                 now = time.perf_counter() - t0

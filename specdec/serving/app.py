@@ -241,11 +241,12 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
                           "can hold: shorten it", param, "context_length_exceeded")
         return text
 
-    def job_for(body: Common, prompt_ids: list[int], max_tokens: int) -> Job:
-        """The engine's job for a checked body (runs off the event loop, after the prompt is tokenized)."""
+    def job_for(body: Common, prompt_ids: list[int], max_tokens: int, field: str = "max_tokens") -> Job:
+        """The engine's job for a checked body (runs off the event loop, after the prompt is tokenized);
+        `field`: the body's name for max_tokens, as an error names it."""
         if len(prompt_ids) + max_tokens > context:
-            raise Refused(f"the prompt ({len(prompt_ids)} tokens) and max_tokens ({max_tokens}) exceed the model's "
-                          f"context of {context} tokens: shorten the prompt or lower max_tokens", "max_tokens",
+            raise Refused(f"the prompt ({len(prompt_ids)} tokens) and {field} ({max_tokens}) exceed the model's "
+                          f"context of {context} tokens: shorten the prompt or lower {field}", field,
                           "context_length_exceeded")
         spec = body.speculation
         if isinstance(spec, Speculation):
@@ -365,8 +366,9 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
                     for i, m in enumerate(body.messages)]
         text = tok.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tok.hf.encode(text, add_special_tokens=False)
-        return job_for(body, ids, body.max_completion_tokens or body.max_tokens
-                       or max(1, min(CHAT_MAX_TOKENS, context - len(ids))))
+        if body.max_completion_tokens:  # OpenAI's newer name, ahead of max_tokens
+            return job_for(body, ids, body.max_completion_tokens, "max_completion_tokens")
+        return job_for(body, ids, body.max_tokens or max(1, min(CHAT_MAX_TOKENS, context - len(ids))))
 
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionBody):
