@@ -140,6 +140,43 @@ def test_holdback_counts_complete_characters_only():
     assert shown(star + [ord("a")] + star, "🌟🌟") == ("🌟a🌟", "🌟a🌟", "length")
 
 
+def test_the_longest_stop_string_sets_the_holdback():
+    """Stops "q" and "xyz": two characters are held back ("xy" may start "xyz"), not none (the shortest's)."""
+    s, out = Stopper(ByteTok(), Request(max_new_tokens=9, stop=("q", "xyz"))), ""
+    for t in b"axy":
+        assert not s.push(t)
+        out += s.new_text()
+    assert out == "a"
+    assert s.push(ord("z")) and s.text == "a" and out + s.new_text() == "a"
+
+
+def test_a_tokenizer_without_clean_up_holds_nothing_back_at_spaces():
+    s, out = Stopper(ByteTok(), Request(max_new_tokens=9)), ""  # ByteTok says nothing of `cleans_up_spaces`
+    for t in b"a b":
+        s.push(t)
+        out += s.new_text()
+    assert out == "a b"
+
+
+class ModeTok(ByteTok):
+    """A tokenizer whose pieces do not add up: token 1 anywhere upper-cases the whole text."""
+
+    def decode(self, ids):
+        text = super().decode([i for i in ids if i != 1])
+        return text.upper() if 1 in ids else text
+
+
+def test_pieces_that_do_not_add_up_are_caught_and_decoded_whole():
+    """The incremental text is checked against a whole decode at every power-of-two length (a window of 4
+    tokens cannot see token 1 once it is 5 back): from the 8th token on, the text is the whole decode."""
+    ids = [1] + [ord("a")] * 15
+    s = Stopper(ModeTok(), Request(max_new_tokens=99))
+    for n, t in enumerate(ids, 1):
+        s.push(t)
+        if n >= 8:
+            assert s.text == "A" * (n - 1), n
+
+
 class Counting:
     """A tokenizer's decode, counting the tokens it was handed."""
 

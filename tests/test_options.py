@@ -37,6 +37,9 @@ def test_stop_is_one_string_and_none_is_no_stop():
     (dict(temperature=float("nan")), "temperature"), (dict(top_p=0), "top_p"),
     (dict(k=4), "method 'plain' drafts nothing"), (dict(acceptance="typical"), "method 'plain' drafts nothing"),
     (dict(method="medusa", posterior_alpha=0.3), "posterior_alpha tunes typical acceptance"),
+    *[(dict(method="medusa", acceptance="typical", **bad), "posterior_threshold \\(epsilon\\) in \\(0, 1\\]")
+      for bad in (dict(posterior_threshold=0), dict(posterior_threshold=1.01), dict(posterior_threshold=True),
+                  dict(posterior_alpha=0), dict(posterior_alpha=float("inf")), dict(posterior_alpha=True))],
 ])
 def test_bad_options(kwargs, words):
     with pytest.raises(OptionError, match=words):
@@ -54,6 +57,11 @@ def test_numpy_numbers_are_numbers():
         GenerationOptions(max_new_tokens=np.bool_(True))
     with pytest.raises(OptionError, match="temperature"):
         GenerationOptions(temperature=np.float32("nan"))
+
+
+def test_typical_acceptance_edges():
+    o = GenerationOptions(method="medusa", acceptance="typical", posterior_threshold=1, posterior_alpha=1e-9)
+    assert (o.request.posterior_threshold, o.request.posterior_alpha) == (1, 1e-9)
 
 
 def test_seed_range_edges():
