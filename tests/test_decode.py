@@ -158,6 +158,27 @@ def test_a_tokenizer_without_clean_up_holds_nothing_back_at_spaces():
     assert out == "a b"
 
 
+class CleanTok(ByteTok):
+    """Byte tokens with transformers' clean-up of " .": a space may vanish when a later token comes."""
+    cleans_up_spaces = True
+
+    def decode(self, ids):
+        return super().decode(ids).replace(" .", ".")
+
+
+def test_a_space_the_clean_up_may_drop_is_held_back_only_while_it_may():
+    def shown(data):
+        s, out = Stopper(CleanTok(), Request(max_new_tokens=99)), []
+        for t in data:
+            s.push(t)
+            out.append(s.new_text())
+        return out
+
+    assert shown(b" .") == ["", "."]  # the first character a space: held back, then dropped
+    assert shown(b"a .") == ["a", "", "."]
+    assert "".join(shown(b"a b cdef")) == "a b cdef" and shown(b"a b cdef")[-1] == "f"  # spaces 3+ back: shown
+
+
 class ModeTok(ByteTok):
     """A tokenizer whose pieces do not add up: token 1 anywhere upper-cases the whole text."""
 
