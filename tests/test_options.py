@@ -209,6 +209,7 @@ def test_a_prompt_past_the_context_is_refused_at_the_call(llm):
             call("hi", chat=False, max_new_tokens=n)
         with pytest.raises(SpecdecError, match="the prompt is empty"):
             call([], max_new_tokens=2)
+    llm.chunks([5, 6], max_new_tokens=n - 2)  # exactly the context: fits (nothing runs until iterated)
 
 
 def test_api_lookahead_config_and_tuple(llm, tmp_path_factory):
