@@ -58,6 +58,28 @@ class FakeTok:
         return "".join(chr(96 + i) for i in ids if i)
 
 
+def test_a_drafter_without_a_policy_drafts_4_deep(tiny):
+    """decode(..., drafter) with no policy: FixedK(4), the lesson's default k (capped by the tokens left)."""
+    from specdec.draft import Draft
+    from specdec.drafters.base import Drafter
+
+    class Fives(Drafter):
+        name = "fives"
+
+        def __init__(self):
+            self.asked = []
+
+        def propose(self, ctx, k):
+            self.asked.append(k)
+            return Draft.chain([5] * k)
+
+    model, tok, _ = tiny
+    fives = Fives()
+    chunks = list(decode(model, tok, [5, 6, 7], Request(max_new_tokens=12), fives))
+    assert fives.asked[0] == 4 and max(fives.asked) == 4
+    assert chunks[-1].result.token_ids == run(model, tok, [5, 6, 7], max_new_tokens=12).token_ids
+
+
 def test_stopper_rules():
     s = Stopper(FakeTok(), Request(max_new_tokens=10, stop=("cd",)))
     assert not s.push(1) and not s.push(2) and s.new_text() == "a"  # "b" held back: could start "cd"? no, but 1 char holdback
