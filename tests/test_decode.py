@@ -77,6 +77,9 @@ def test_a_drafter_without_a_policy_drafts_4_deep(tiny):
     fives = Fives()
     chunks = list(decode(model, tok, [5, 6, 7], Request(max_new_tokens=12), fives))
     assert fives.asked[0] == 4 and max(fives.asked) == 4
+    r = chunks[-1].result  # its times are parts of the whole
+    assert 0 < r.prefill_seconds < r.seconds and 0 < r.draft_seconds and 0 < r.target_seconds
+    assert r.prefill_seconds + r.draft_seconds + r.target_seconds <= r.seconds
     assert chunks[-1].result.token_ids == run(model, tok, [5, 6, 7], max_new_tokens=12).token_ids
 
 
