@@ -61,11 +61,12 @@ def gguf_for(folder: Path, explicit: str | None = None) -> Path:
         if not path.is_file():
             raise SpecdecError(f"--llamacpp-gguf {explicit}: no such file")
         return path
+    key = f"gguf-{Path(folder).name}"
     kept = kept_gguf(Path(folder).name)
     if kept.is_file():
         return kept
-    with _lock(f"gguf-{Path(folder).name}"):  # two benchmarks starting together fetch it once
-        work = _work_dir(f"gguf-{Path(folder).name}")
+    with _lock(key):  # two benchmarks starting together fetch it once
+        work = _work_dir(key)
         try:
             found = source_gguf(Path(folder), work, why="for llama.cpp")
             if found is None:
