@@ -67,11 +67,14 @@ def test_a_drafter_without_a_policy_drafts_4_deep(tiny):
         name = "fives"
 
         def __init__(self):
-            self.asked = []
+            self.asked, self.timed = [], []
 
         def propose(self, ctx, k):
             self.asked.append(k)
             return Draft.chain([5] * k)
+
+        def timing(self, drafted, draft_seconds, target_seconds):  # what adaptive k learns tau from
+            self.timed.append((drafted, draft_seconds, target_seconds))
 
     model, tok, _ = tiny
     fives = Fives()
@@ -80,7 +83,76 @@ def test_a_drafter_without_a_policy_drafts_4_deep(tiny):
     r = chunks[-1].result  # its times are parts of the whole
     assert 0 < r.prefill_seconds < r.seconds and 0 < r.draft_seconds and 0 < r.target_seconds
     assert r.prefill_seconds + r.draft_seconds + r.target_seconds <= r.seconds
+    assert fives.timed == [(x["drafted"], x["draft_s"], x["target_s"]) for x in r.rounds if x["drafted"]]
     assert chunks[-1].result.token_ids == run(model, tok, [5, 6, 7], max_new_tokens=12).token_ids
+
+
+def test_plain_steps_price_prefill_and_time_the_drafter_speculating_ones_do_not(tiny):
+    """A round the drafter leaves empty is a plain step: it sets ctx.prefill_cost (one prompt token's prefill in
+    steps, from the prefill's and this step's times) and calls plain_timing on the drafter (and the policy) with
+    its time. A drafting round does neither; it calls timing. The result's times are the rounds' own."""
+    import time
+
+    from specdec.draft import Draft
+    from specdec.drafters.base import Drafter
+
+    class EveryOther(Drafter):
+        name = "every-other"
+
+        def __init__(self):
+            self.costs, self.plain, self.timed = [], [], []
+
+        def propose(self, ctx, k):
+            self.costs.append(ctx.prefill_cost)
+            return Draft.chain([5] * k) if len(self.costs) % 2 == 0 else Draft.empty()
+
+        def plain_timing(self, seconds):
+            self.plain.append(seconds)
+
+        def timing(self, drafted, draft_seconds, target_seconds):
+            self.timed.append((drafted, draft_seconds, target_seconds))
+
+    model, tok, _ = tiny
+    for prompt in ([5], [5, 6], [5, 6, 7, 8]):
+        d = EveryOther()
+        t = time.perf_counter()
+        r = list(decode(model, tok, prompt, Request(max_new_tokens=12), d))[-1].result
+        wall = time.perf_counter() - t
+        assert 0 < r.seconds <= wall and r.tokens_per_s == r.new_tokens / r.seconds
+        ts = [x["t"] for x in r.rounds]
+        assert ts == sorted(ts) and 0 < ts[0] and ts[-1] <= r.seconds
+        plain = [x for x in r.rounds if not x["drafted"]]
+        assert len(plain) >= 2 and d.plain == [x["target_s"] for x in plain]
+        assert d.timed == [(x["drafted"], x["draft_s"], x["target_s"]) for x in r.rounds if x["drafted"]]
+        want, last = [], None  # the cost each propose saw: set by the latest plain round before it, never after
+        for x in r.rounds:
+            want.append(last)
+            if not x["drafted"] and len(prompt) > 1:
+                last = r.prefill_seconds / (len(prompt) - 1) / x["target_s"]
+        assert d.costs == want[:len(d.costs)]  # the same floats, divided alike
+        assert d.costs[0] is None and (d.costs[1] is None) == (len(prompt) == 1)
+
+
+def test_summarize_counts_per_position_acceptance_by_depth():
+    """accepted_per_position[i]: of the rounds that drafted deeper than i and accepted the first i tokens, the
+    share that accepted token i too (a tree's depth, not its node count; plain rounds count nowhere; a position no round reached: 0.0).
+    Rounds (depth, accepted) = (3, 1), (2, 2), (0, 0), (4, 4): position 0: 3 of 3; position 1: (3, 1) stops there,
+    2 of 3; position 2: only (4, 4) reached it (the depth-2 round could not), 1 of 1; position 3: 1 of 1."""
+    from specdec.decode import summarize
+
+    class Done:
+        ids, text, finish_reason = [1] * 11, "x", "length"
+
+    rounds = [dict(drafted=d, depth=d, accepted=a) for d, a in ((3, 1), (2, 2), (0, 0), (4, 4))]
+    rounds[3]["drafted"] = 7  # a tree: 7 nodes, 4 deep
+    r = summarize(Done(), 5, 2.0, 0.5, 4, 0.25, 1.0, rounds)
+    assert r.accepted_per_position == [1.0, 2 / 3, 1.0, 1.0]
+    assert r.acceptance_rate == 7 / 9 and r.drafted == 12 and r.accepted == 7
+    assert r.mean_accepted == 11 / 4 and r.tokens_per_s == 5.5 and r.new_tokens == 11
+    plain = summarize(Done(), 5, 2.0, 0.5, 1, 0.0, 1.0, [rounds[2]])
+    assert plain.accepted_per_position == [] and plain.acceptance_rate == 0.0 and plain.mean_accepted == 11
+    none = [dict(drafted=3, depth=3, accepted=0)]  # positions 1 and 2 never reached: 0.0, as if rejected
+    assert summarize(Done(), 5, 2.0, 0.5, 1, 0.0, 1.0, none).accepted_per_position == [0.0, 0.0, 0.0]
 
 
 def test_stopper_rules():
