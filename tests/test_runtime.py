@@ -29,6 +29,25 @@ def test_logits_match_transformers(pair):
     assert ref.std() > 0.1  # the comparison is not between two near-constant tensors
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_without_the_c_kernels_logits_still_match_transformers(pair, tiny_folder, monkeypatch, dtype):
+    """SPECDEC_KERNEL=0 (or no C compiler): RMSNorm, silu * up, RoPE and attention run torch's own calls, and
+    bf16 weights torch's matmuls (bf16 activations: the route of a CPU without AVX2, ARM included). The logits
+    still match transformers' (fp32: to 1e-3; bf16: to bf16's precision, well inside what a wrong norm or MLP
+    would move them)."""
+    hf, _ = pair
+    monkeypatch.setenv("SPECDEC_KERNEL", "0")
+    ours = load_transformer(tiny_folder, dtype)
+    ids = prompt()
+    with torch.no_grad():
+        ref = hf(ids).logits
+    cache = ours.new_cache(128)
+    out = torch.cat([ours(ids[:, :40], cache).logits, ours(ids[:, 40:], cache).logits], 1)
+    assert not ours.norm.fused and not ours.layers[0].kernels and ours.compute_dtype == dtype
+    assert (out - ref).abs().max().item() <= (1e-3 if dtype == torch.float32 else 0.1 * ref.abs().max().item())
+    assert ref.std() > 0.1
+
+
 def test_incremental_equals_full(pair):
     _, ours = pair
     ids = prompt()
