@@ -186,6 +186,24 @@ def test_a_model_on_a_packing_path_holds_its_weights_packed_once(tmp_path, monke
                 model.embed(torch.tensor([[bad]]))
 
 
+def test_a_packed_table_refuses_the_ids_its_padding_rows_would_answer():
+    """A packed table pads the vocabulary to whole groups of 16 rows: 100 ids hold 112 rows, so ids 100..111 index
+    zeros without a word from torch. The lookup refuses them (and negatives) as nn.Embedding does, and gives
+    the table's rows for the ids it holds. Pure torch: runs on any CPU."""
+    from specdec.runtime.model import Embedding
+
+    emb = Embedding(100, 6).to(torch.bfloat16)
+    rows = emb.weight.detach().clone()
+    emb.pack()
+    assert emb.weight.shape[0] * 16 == 112
+    ids = torch.tensor([[0, 15, 16, 99]])
+    assert torch.equal(emb(ids), rows[ids]) and torch.equal(emb.table(), rows)
+    for bad in (-1, 100, 111):
+        with pytest.raises(IndexError, match="outside the vocabulary 0..99"):
+            emb(torch.tensor([[3, bad]]))
+    assert emb(torch.zeros(1, 0, dtype=torch.long)).shape == (1, 0, 6)  # no ids: nothing to check
+
+
 @needs_kernel
 def test_leading_dims_and_noncontiguous_input():
     x, w, b = case(40, 24, 6)

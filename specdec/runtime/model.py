@@ -163,7 +163,8 @@ class Embedding(nn.Embedding):
             lo, hi = torch.aminmax(tokens) if tokens.numel() else (0, 0)
             if lo < 0 or hi >= self.num_embeddings:  # a padded row or a negative index would not fail below
                 raise IndexError(f"token ids {int(lo)}..{int(hi)} outside the vocabulary 0..{self.num_embeddings - 1}")
-            x = self.weight[tokens // 16, :, tokens % 16].reshape(*tokens.shape, -1)[..., :self.embedding_dim]
+            width = self.weight.shape[1] * self.weight.shape[3]  # the padded row: pairs x 2 (-1 fails on no ids)
+            x = self.weight[tokens // 16, :, tokens % 16].reshape(*tokens.shape, width)[..., :self.embedding_dim]
         else:
             x = super().forward(tokens)
         return x if self.out_dtype is None or x.dtype == self.out_dtype else x.to(self.out_dtype)
