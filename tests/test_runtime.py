@@ -157,6 +157,31 @@ def test_prefill_spans_cut_at_multiples_of_the_chunk():
     assert prefill_spans(256, 257) == [(256, 257)] and prefill_spans(5, 5) == []
 
 
+def test_a_prefill_in_pieces_after_cached_tokens_is_one_forward(pair, monkeypatch):
+    """`Transformer.prefill` after 10 cached tokens, in pieces of 16 cut at absolute positions (10..16, 16..32,
+    32..48, 48..50): the same cache, the last position's logits and final-norm state, and every fed position's
+    hidden states of layers 0 and 1 (the pieces' joined), as one forward over all 50 tokens."""
+    from specdec.runtime import model as model_module
+
+    _, ours = pair
+    monkeypatch.setattr(model_module.prefill_spans, "__defaults__", (16,))
+    ids = prompt(50, seed=4)[0].tolist()
+    layers = (0, 1, -1)
+    whole_cache = ours.new_cache(64)
+    whole = ours(torch.tensor([ids]), whole_cache, hidden_layers=layers)
+    cache = ours.new_cache(64)
+    ours.prefill(ids[:10], cache)
+    out = ours.prefill(ids[10:], cache, hidden_layers=layers)
+    assert cache.length == 50 and out.logits.shape == (1, 1, VOCAB) and out.hidden[-1].shape[1] == 1
+    torch.testing.assert_close(out.logits[0, 0], whole.logits[0, -1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out.hidden[-1][0, 0], whole.hidden[-1][0, -1], atol=1e-4, rtol=1e-4)
+    for i in (0, 1):
+        assert out.hidden[i].shape[1] == 40
+        torch.testing.assert_close(out.hidden[i], whole.hidden[i][:, 10:], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(cache.k[0][:, :, :50], whole_cache.k[0][:, :, :50], atol=1e-4, rtol=1e-4)
+    assert ours.prefill([], cache) is None and cache.length == 50
+
+
 def test_release_threads_lets_go_of_the_calling_threads_openmp_workers():
     """A server decodes in its engine thread after loading in the main one: the main thread's OpenMP pool made
     libgomp throttle every worker (more of them than CPUs), 25% slower steps on 2 vCPUs. `release_threads`
