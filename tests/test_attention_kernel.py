@@ -186,20 +186,33 @@ def test_torch_fallback_stays_exact(model, monkeypatch):  # noqa: F811
     from specdec.drafters.lookahead import trie
     from specdec.runtime import model as model_module
 
+    from specdec.draft import Draft
+
     calls = []
-    real = model_module.attend_rows
+    real, real_available = model_module.attend_rows, attention.available
     monkeypatch.setattr(model_module, "attend_rows", lambda *a, **k: calls.append(a[-2]) or real(*a, **k))
     monkeypatch.setattr(attention, "available", lambda: False)
     monkeypatch.setenv("SPECDEC_FUSED", "0")
     for block in model.layers:
         monkeypatch.setattr(block, "kernels", False)
     model.__dict__.pop("fused_layers", None)
+    tree = trie([(5, 6, 7, 8), (5, 9), (5, 6, 10), (11, 12)], 4)
     try:
         check_layout(model, trie([(20, 21, 22), (20, 23, 24), (30, 31, 32)], 3), root=17)
-        check_layout(model, trie([(5, 6, 7, 8), (5, 9), (5, 6, 10), (11, 12)], 4), root=3, seed=4)
+        check_layout(model, Draft.chain([5, 9, 11, 40, 7, 7, 30]), root=12)  # a causal chain: RowPlan.steps' rows
+        assert any(plan.paths is None for plan in calls)
+        after_rows = check_layout(model, tree, root=3, seed=4)
+        monkeypatch.setattr(attention, "available", real_available)  # the rows in one kernel call, from torch's
+        kernel = check_layout(model, tree, root=3, seed=4)  # RoPE and cache write (`attend_rows`' first branch)
     finally:
         model.__dict__.pop("fused_layers", None)  # decided again, with the kernels, by the next test
     assert any(plan.paths is not None for plan in calls)  # the tree's rows went through RowPlan.steps
+    # each new position's keys and values are back in its own slot after the rows moved them (`steps`' restore).
+    # Layer 0's depend on the token and position only (the prompt, prefilled in one masked call here, does not
+    # reach them), so the kernel route's cache holds the same bits there.
+    new = slice(after_rows.length - len(tree) - 1, after_rows.length)
+    assert torch.equal(after_rows.k[0][:, :, new], kernel.k[0][:, :, new])
+    assert torch.equal(after_rows.v[0][:, :, new], kernel.v[0][:, :, new])
 
 
 def test_a_mask_hiding_a_cached_slot_gets_no_row_plan():

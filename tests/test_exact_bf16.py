@@ -49,8 +49,9 @@ def singles(model, ctx, path_tokens: list[int]) -> torch.Tensor:
     return logits
 
 
-def check_layout(model, draft: Draft, root: int, seed: int = 3) -> None:
-    """One masked verification forward (as `decode` makes it) against single-position forwards per row."""
+def check_layout(model, draft: Draft, root: int, seed: int = 3):
+    """One masked verification forward (as `decode` makes it) against single-position forwards per row.
+    Returns the forward's cache."""
     ctx = context(seed)
     cache = prefilled(model, ctx)
     offsets, local = forward_layout(draft)
@@ -67,6 +68,7 @@ def check_layout(model, draft: Draft, root: int, seed: int = 3) -> None:
         path = local[row].nonzero().flatten().tolist()  # the root, the row's ancestors, the row
         assert len(path) == int(offsets[row]) + 1
         assert torch.equal(out[row], singles(model, ctx, [inputs[j] for j in path])), row
+    return cache
 
 
 def test_chain_verifies_bit_identically(model):
