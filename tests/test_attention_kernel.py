@@ -183,10 +183,9 @@ def test_torch_fallback_stays_exact(model, monkeypatch):  # noqa: F811
     The module's model has already decided on its C routes (`Block.kernels`, `fused_layers`), so they are turned
     off here too, and the test checks that the row-by-row route really ran (it did not: a mutant of
     `RowPlan.steps` that never tracked which position each slot holds passed)."""
+    from specdec.draft import Draft
     from specdec.drafters.lookahead import trie
     from specdec.runtime import model as model_module
-
-    from specdec.draft import Draft
 
     calls = []
     real, real_available = model_module.attend_rows, attention.available

@@ -135,7 +135,8 @@ def test_plain_steps_price_prefill_and_time_the_drafter_speculating_ones_do_not(
 
 def test_summarize_counts_per_position_acceptance_by_depth():
     """accepted_per_position[i]: of the rounds that drafted deeper than i and accepted the first i tokens, the
-    share that accepted token i too (a tree's depth, not its node count; plain rounds count nowhere; a position no round reached: 0.0).
+    share that accepted token i too (a tree's depth, not its node count; plain rounds count nowhere; a position no
+    round reached: 0.0).
     Rounds (depth, accepted) = (3, 1), (2, 2), (0, 0), (4, 4): position 0: 3 of 3; position 1: (3, 1) stops there,
     2 of 3; position 2: only (4, 4) reached it (the depth-2 round could not), 1 of 1; position 3: 1 of 1."""
     from specdec.decode import summarize
