@@ -139,13 +139,18 @@ def fetch_sharegpt(cache: Path | None = None) -> Path:
 
 
 def read_files(paths: Sequence[str | Path], limit_docs: int | None = None) -> Iterator[str]:
-    """Each file is one document; a folder contributes every text file under it (hidden entries
-    and files that are not UTF-8 are skipped)."""
+    """Each file is one document; a folder contributes every text file under it (hidden entries, files
+    that are not UTF-8 and datastores inside it, say one built into a subfolder, are skipped)."""
     docs = 0
-    for path in map(Path, paths):
+    for path in paths:
+        if not str(path).strip():  # Path("") is the current folder: never a silent default
+            raise SpecdecError("an empty path names no file: give files or folders to read")
+        path = Path(path)
         if path.is_dir():
+            stores = {m.parent for m in path.rglob(META) if (m.parent / "tokens.npy").is_file()}
             files = sorted(p for p in path.rglob("*") if p.is_file()
-                           and not any(part.startswith(".") for part in p.relative_to(path).parts))
+                           and not any(part.startswith(".") for part in p.relative_to(path).parts)
+                           and not stores.intersection(p.parents))
         elif path.is_file():
             files = [path]
         else:

@@ -31,7 +31,7 @@ STEP_MS = 7.0  # the lesson's memory-bound decode step, 7B target on an A100 (Ch
 
 
 def _real(x, name: str) -> float:
-    if isinstance(x, bool):
+    if isinstance(x, (bool, str, bytes)):  # float("0.7") would pass: a string is a caller's slip, not a number
         raise ValueError(f"{name} must be a number, got {x!r}")
     try:
         v = float(x)
@@ -179,9 +179,13 @@ def roofline_cost(occupancy=0, budget=BUDGET) -> Callable[[int], float]:
 
 def best_k(alpha, tau, k_max: int = 32, cost: CostCurve | None = None) -> int:
     """The k in [0, k_max] with the highest speedup (ties: the smaller k; 0 = don't speculate).
+    Free drafts (tau = 0, no cost curve) with alpha > 0: every token more adds alpha^(k+1), so k_max (the
+    gains fall below float precision near k = 80 for alpha = 0.7, which a comparison would call a tie).
 
     Ch. 2: best_k(0.7, 0.1) = 4 ("The peak sits right around k=4"); best_k(0.5, 0.1) = 2."""
     a, t, kmax = _alpha(alpha), _nonneg(tau, "tau"), _count(k_max, "k_max")
+    if cost is None and t == 0 and a > 0:
+        return kmax
     if cost is None:
         scores = [speedup(a, k, t) for k in range(kmax + 1)]
     else:

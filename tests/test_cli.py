@@ -174,6 +174,9 @@ def test_no_traceback_from_the_real_command(folder):
 
 def test_probe_json(folder, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    for bad in ("0", "101"):  # a billion repeats ran for days: refused before the model loads
+        assert main(["probe", "--model", "no-such-model", "--repeats", bad]) == 2
+        assert "--repeats must be from 1 to 100" in capsys.readouterr().err
     assert main(["probe", "--model", folder, "--repeats", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["seconds"]) == {str(n) for n in SIZES}

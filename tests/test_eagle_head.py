@@ -93,6 +93,21 @@ def test_save_load_round_trip(tmp_path):
     assert config["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in aux]  # vLLM: layer inputs
 
 
+def test_a_truncated_head_is_one_clear_error(tmp_path, capsys):
+    """Weights cut short: a SpecdecError naming the file and what to do (the CLI's one line, exit 2), not
+    safetensors' traceback; `export eagle --heads` reads through the same load."""
+    from specdec.cli import main
+
+    make_head().save(tmp_path / "h")
+    weights = tmp_path / "h" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(SpecdecError, match=r"model\.safetensors: damaged or unreadable weights .*specdec train eagle"):
+        EagleHead.load(tmp_path / "h")
+    assert main(["export", "eagle", "--heads", str(tmp_path / "h"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and "\n" not in err and "model.safetensors: damaged" in err, err
+
+
 def test_published_config_without_specdec_block(tmp_path):
     head = make_head()
     head.save(tmp_path)

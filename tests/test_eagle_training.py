@@ -172,6 +172,7 @@ def test_eagle1_regresses_features_with_frozen_lm_head(env, tmp_path):
     s = settings(version=1, epochs=2, ttt_steps=1)
     head = E.train(c1, env["target"], "tiny", "fp", s, tmp_path / "v1", progress=False)
     assert head.cfg.draft_vocab_size == env["target"].cfg.vocab_size and head.cfg.aux_layers == (2,)
+    assert head.cfg.training["draft_vocab"] == env["target"].cfg.vocab_size  # the record says what it drafted over
     assert torch.equal(head.fc.weight, torch.eye(64))  # EAGLE-1: features pass through
     assert torch.equal(head.lm_head.weight, env["target"].lm_head.weight.float())
 
@@ -207,6 +208,49 @@ def test_train_eagle_from_the_command_line(env, tmp_path, monkeypatch, capsys):
     folders = sorted((tmp_path / "home" / "hidden").glob("*/*/meta.json"))
     assert len(folders) == 2 and any(json.loads(f.read_text()).get("regenerate") for f in folders)
     assert main(args[:-4] + regen[:-2] + ["--device", "tpu", "--quiet"]) == 2
+
+
+def test_train_refuses_what_it_would_lose_or_ignore_before_the_corpus_pass(env, tmp_path, monkeypatch, capsys):
+    """Each refusal is one line (exit 2) said before the target runs over the corpus (`hidden_cache.build` would
+    raise here): a resume with other --tokens (was: the whole cache built, then refused); a checkpoint cut short
+    (was: torch's traceback) or another trainer's (was: settings named, not the kind); an --out holding another
+    kind's head or a model (was: silently overwritten); --draft-vocab with --version 1 (was: ignored, recorded)."""
+    import json
+
+    from specdec.cli import main
+    from specdec.training import hidden_cache
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    data = tmp_path / "corpus.jsonl"
+    data.write_text("\n".join(json.dumps({"text": f"{i} " + "the cat sat on a mat " * 12}) for i in range(6)))
+    out = tmp_path / "eagle"
+    args = ["train", "eagle", "--model", str(env["folder"]), "--data", str(data), "--tokens", "300", "--epochs", "1",
+            "--draft-vocab", "30", "--batch-tokens", "128", "--quiet"]
+    assert main(args + ["--out", str(out)]) == 0
+    monkeypatch.setattr(hidden_cache, "build", lambda *a, **k: pytest.fail("the corpus pass ran"))
+    medusa_ck = tmp_path / "medusa-run"
+    medusa_ck.mkdir()
+    torch.save({"heads": {}, "settings": {}}, medusa_ck / "checkpoint.pt")
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "checkpoint.pt").write_bytes((out / "checkpoint.pt").read_bytes()[:500])
+    model_out = tmp_path / "model-copy"
+    model_out.mkdir()
+    (model_out / "config.json").write_text((env["folder"] / "config.json").read_text())
+    medusa = ["train", "medusa", "--model", str(env["folder"]), "--data", str(data), "--tokens", "300", "--quiet"]
+    cases = [(args + ["--out", str(out), "--resume", "--tokens", "250"], "--tokens differ"),
+             (args + ["--out", str(out), "--resume", "--batch-tokens", "64"], "batch_tokens 128 (now 64)"),
+             (args + ["--out", str(cut), "--resume"], "checkpoint.pt is damaged or unreadable"),
+             (args + ["--out", str(medusa_ck), "--resume"], "is a medusa training checkpoint, not eagle's"),
+             (medusa + ["--out", str(out)], "holds eagle heads; training medusa heads there would overwrite it"),
+             (args + ["--out", str(model_out)], "not a specdec head's (a model?)"),
+             (args + ["--out", str(tmp_path / "v1"), "--version", "1"], "--draft-vocab is for --version 3")]
+    for argv, said in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert said in err and "Traceback" not in err and "\n" not in err, (argv, err)
+    assert json.loads((model_out / "config.json").read_text()) == json.loads((env["folder"] / "config.json").read_text())
+    assert not (tmp_path / "v1").exists()
 
 
 def test_batch_rows_are_the_shifted_tokens_labels_and_features():

@@ -527,6 +527,32 @@ def test_heads_for_another_target_are_refused(env, tmp_path):
         heads.find("tiny-0", "medusa", tmp_path / "nothing")
 
 
+def test_a_damaged_heads_folder_is_one_line(env, tmp_path, capsys):
+    """A heads file cut short (a copy or download that stopped) or a config.json that is not JSON: one line naming
+    the file and what to do, exit 2, never safetensors' or json's traceback."""
+    from specdec.cli import main
+    from specdec.training import heads
+
+    tensors = {"weight": torch.zeros(K, 64, 64), "bias": torch.zeros(K, 64), "vocab": torch.arange(VOCAB)}
+    heads.save(tmp_path / "h", tensors, {"kind": "medusa", "target": {"name": "tiny-0",
+               "fingerprint": heads.fingerprint(env["folder"])}, "heads": K, "hidden_size": 64,
+               "val_accuracy": {"after_hits": [[0.5, 0.2, 0.1]] * K}})
+    weights, config = tmp_path / "h" / heads.WEIGHTS, tmp_path / "h" / heads.CONFIG
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(SpecdecError, match=r"heads\.safetensors: damaged or unreadable weights .*specdec train medusa"):
+        heads.load(tmp_path / "h", "medusa", env["folder"], "tiny-0")
+    gen = ["generate", "x", "--model", str(env["folder"]), "--method", "medusa", "--heads", str(tmp_path / "h"),
+           "--max-new-tokens", "2"]
+    for damaged in ("truncated", "config"):
+        if damaged == "config":
+            config.write_text("{")
+        capsys.readouterr()
+        assert main(gen) == 2
+        err = capsys.readouterr().err.strip()
+        assert "Traceback" not in err and "\n" not in err, err
+        assert ("heads.safetensors: damaged" if damaged == "truncated" else "config.json: damaged") in err
+
+
 def test_build_sizes_the_tree_and_the_prior_from_the_heads_file(env, tmp_path):
     from types import SimpleNamespace
 

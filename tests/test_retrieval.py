@@ -362,6 +362,29 @@ def test_force_replaces_only_a_datastore(tiny_folder, tmp_path, capsys):
     assert Datastore(out).meta["documents"] == 2
 
 
+def test_a_folder_input_skips_datastores_and_an_empty_path_is_refused(tiny_folder, tmp_path, capsys, monkeypatch):
+    """A datastore built inside its input folder is not read back as input (its meta.json was: each --force rebuild
+    grew by a document); `--from ''` and `info ''` are refused (Path('') is the current folder: they indexed it,
+    and listed the cache)."""
+    from specdec.cli import main
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("speculate, then verify.")
+    build = ["datastore", "build", "--model", str(tiny_folder), "--quiet", "--force", "--from", str(src)]
+    for _ in range(2):
+        assert main(build + ["--out", str(src / "store")]) == 0
+        assert Datastore(src / "store").meta["documents"] == 1
+    monkeypatch.chdir(src)
+    for argv in (build[:-1] + ["", "--out", str(tmp_path / "here")], ["datastore", "info", ""]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "empty" in err and "\n" not in err, err
+    assert not (tmp_path / "here").exists()
+    with pytest.raises(SpecdecError, match="empty path"):
+        list(dsm.read_files([""]))
+
+
 def test_built_folder_has_the_usual_permissions(tmp_path, tiny_tok):
     import os
 

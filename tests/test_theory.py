@@ -382,6 +382,7 @@ def test_break_even_edges():
     assert t.break_even_alpha(4, 1.5) is None
     assert t.best_k(0.0, 0.1) == 0  # a useless draft: don't speculate
     assert t.best_k(1.0, 0.0, k_max=10) == 10
+    assert t.best_k(0.7, 0.0, k_max=1000) == 1000  # free drafts: every token more adds 0.7^(k+1) > 0
 
 
 @pytest.mark.parametrize(
@@ -390,6 +391,7 @@ def test_break_even_edges():
         (lambda: t.expected_tokens(1.5, 4), "alpha"),
         (lambda: t.expected_tokens(-0.1, 4), "alpha"),
         (lambda: t.expected_tokens(float("nan"), 4), "alpha"),
+        (lambda: t.expected_tokens("0.7", 4), "alpha must be a number"),
         (lambda: t.expected_tokens(0.5, -1), "k"),
         (lambda: t.expected_tokens(0.5, 2.5), "k"),
         (lambda: t.speedup(0.5, 4, -0.1), "tau"),

@@ -58,8 +58,8 @@ def summary(alpha: float, k: int, tau: float, k_max: int = 32) -> dict:
 
 
 def rising(alpha: float, k: int, tau: float) -> bool:
-    """Whether drafting one more token than k still pays (alpha = 1: always, up to 1/tau)."""
-    return theory.speedup(alpha, k + 1, tau) > theory.speedup(alpha, k, tau) + 1e-12
+    """Whether drafting one more token than k still pays (alpha = 1: always, up to 1/tau; tau = 0: always)."""
+    return (tau == 0 and alpha > 0) or theory.speedup(alpha, k + 1, tau) > theory.speedup(alpha, k, tau) + 1e-12
 
 
 def table_rows(kind: str, alpha: float, k: int, tau: float) -> list[dict]:

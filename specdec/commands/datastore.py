@@ -85,6 +85,8 @@ def run_build(args) -> int:
     sharegpt = args.sources == ["sharegpt"]
     if "sharegpt" in args.sources and not sharegpt:
         raise SpecdecError("--from sharegpt cannot be combined with files")
+    if any(not s.strip() for s in args.sources):  # Path("") is the current folder: never a silent default
+        raise SpecdecError("--from '': an empty path names no file: give files or folders (or 'sharegpt')")
     source = "sharegpt" if sharegpt else "files"
     out = out_or(args.out, lambda: dsm.default_dir(args.model, source))
     dsm.check_out(out, args.force, inputs=[] if sharegpt else args.sources)
@@ -124,6 +126,8 @@ def run_info(args) -> int:
     from specdec import datastore as dsm
     from specdec.errors import SpecdecError
 
+    if args.dir is not None and not args.dir.strip():
+        raise SpecdecError("datastore info: the folder is empty: name a datastore, or give none to list the cache")
     if args.dir:
         folders = [Path(args.dir).expanduser()]
     else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 
 from specdec.commands import out_or
 
@@ -88,10 +89,10 @@ def register(sub) -> None:
     e.add_argument("--epochs", type=int, default=2, help="passes over the cached positions (default 2)")
     e.add_argument("--ttt-steps", type=int, default=None, metavar="S",
                    help="training-time test: unrolled steps per position (default 3 for EAGLE-3, 1 for EAGLE-1)")
-    e.add_argument("--draft-vocab", type=int, default=8192, metavar="V",
+    e.add_argument("--draft-vocab", type=int, default=None, metavar="V",
                    help="EAGLE-3 drafts over the V tokens the target predicts most often in the corpus (default "
                         "8192: 98%% of SmolLM2's predictions on 240k ShareGPT tokens, 4096: 93%%); EAGLE-1 uses the full "
-                        "vocabulary")
+                        "vocabulary (the flag is refused with --version 1)")
     e.add_argument("--batch-tokens", type=int, default=2048, help="corpus positions per step (default 2048)")
     e.add_argument("--lr", type=float, default=1e-3, help="AdamW peak learning rate (default 1e-3, cosine to 10%%)")
     e.add_argument("--fp32", action="store_true", help="train in fp32 (default: bf16 autocast)")
@@ -105,10 +106,11 @@ def register(sub) -> None:
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
-def target_and_cache(args, layers=None):
+def target_and_cache(args, layers=None, resumed: dict | None = None):
     """The frozen target (fp32) and its hidden-state cache over `--data` (built or reused), for `args.model`,
     `args.data`, `args.max_len`, `args.tokens`: (model, fingerprint, data sources, cache folder, cache).
-    `layers(num_layers)` -> the decoder layers whose outputs to cache (EAGLE); None: the last hidden state."""
+    `layers(num_layers)` -> the decoder layers whose outputs to cache (EAGLE); None: the last hidden state.
+    `resumed`: the record of the cache a checkpoint was trained on, held against this one before it is built."""
     from pathlib import Path
 
     import torch
@@ -134,6 +136,8 @@ def target_and_cache(args, layers=None):
     ids = tuple(layers(model.cfg.num_layers)) if layers else None
     if ids:
         settings["layers"] = list(ids)
+    if resumed is not None:
+        check_corpus(resumed, settings)
     where = hidden_cache.cache_dir(home() / "hidden" / heads._safe(args.model), settings)
     if (where / "meta.json").exists():
         print(f"specdec: reusing the cached hidden states in {where}", file=sys.stderr)
@@ -169,16 +173,52 @@ def check_run_args(args, names) -> None:
         raise SpecdecError(f"--lr must be a positive number, got {args.lr}")
 
 
-def check_out(args, out) -> None:
-    """An --out that cannot be a folder, or --resume without a checkpoint in it: said before the target runs over
-    the corpus (the trainer makes the folder only after that pass)."""
+def check_out(args, out, kind: str, settings: dict, free=("checkpoint_every",)) -> dict | None:
+    """Said before the target runs over the corpus (the trainer makes the folder only after that pass): an --out
+    that cannot be a folder or holds something other than `kind`'s heads (another kind's head, a model), and with
+    --resume a checkpoint that is missing, damaged, another trainer's or made with other training `settings`.
+    Returns that checkpoint's hidden-cache record (None without --resume), for `target_and_cache` to hold the
+    corpus settings against before it builds anything."""
     from specdec.bench.report import check_out as check_folder  # the check bench and loadtest make of their --out
     from specdec.errors import SpecdecError
-    from specdec.training.heads import CONFIG, WEIGHTS
+    from specdec.training.heads import CONFIG, WEIGHTS, kind_of
 
-    check_folder(out, (WEIGHTS, CONFIG, CHECKPOINT))
-    if args.resume and not (out / CHECKPOINT).exists():
+    names = (WEIGHTS, CONFIG, CHECKPOINT) if kind == "medusa" else ("model.safetensors", CONFIG, CHECKPOINT)
+    check_folder(out, names)
+    if (out / CONFIG).is_file():
+        try:
+            there = kind_of(json.loads((out / CONFIG).read_text()))
+        except (OSError, ValueError, AttributeError):
+            there = None
+        if there != kind:
+            what = f"{there} heads" if there else "a config.json that is not a specdec head's (a model?)"
+            raise SpecdecError(f"--out {out} holds {what}; training {kind} heads there would overwrite it: "
+                               "choose another --out")
+    if not args.resume:
+        return None
+    if not (out / CHECKPOINT).exists():
         raise SpecdecError(f"--resume: no checkpoint in {out} (give the --out of the interrupted run, or drop --resume)")
+    from specdec.training.medusa import check_resumable, load_checkpoint
+
+    ck = load_checkpoint(out / CHECKPOINT, kind)
+    check_resumable(out / CHECKPOINT, ck, settings, None, free)
+    return ck.get("cache") or {}
+
+
+FLAGS = {"target": "--model (the target's weights)", "data": "--data", "max_len": "--max-len",
+         "requested": "--tokens", "regenerate": "--regenerate", "layers": "--version (the layers cached)"}
+
+
+def check_corpus(resumed: dict, settings: dict) -> None:
+    """Refuse to resume when the hidden cache to build differs from the checkpoint's (`resumed`: its record), naming
+    the flags that differ, before the target runs over the corpus."""
+    from specdec.errors import SpecdecError
+
+    theirs = {k: v for k, v in resumed.items() if k not in ("tokens", "documents", "hidden_size")}
+    differ = [FLAGS.get(k, k) for k in sorted(set(theirs) | set(settings)) if theirs.get(k) != settings.get(k)]
+    if differ:
+        raise SpecdecError(f"--resume: the checkpoint was trained on other data: {', '.join(differ)} differ; pass "
+                           "the interrupted run's, or drop --resume to start over")
 
 
 def interrupted(out) -> int:
@@ -200,11 +240,11 @@ def run_medusa(args) -> int:
 
     check_run_args(args, ("tokens", "max_len", "epochs", "heads", "draft_vocab", "batch", "checkpoint_every"))
     out = out_or(args.out, lambda: heads.store_dir(args.model, "medusa"))
-    check_out(args, out)
+    s = TrainSettings(heads=args.heads, epochs=args.epochs, batch=args.batch, lr=args.lr,
+                      draft_vocab=args.draft_vocab, checkpoint_every=args.checkpoint_every)
+    resumed = check_out(args, out, "medusa", asdict(s), free=("epochs", "checkpoint_every"))
     try:
-        model, fp, data, where, cache = target_and_cache(args)
-        s = TrainSettings(heads=args.heads, epochs=args.epochs, batch=args.batch, lr=args.lr,
-                          draft_vocab=args.draft_vocab, checkpoint_every=args.checkpoint_every)
+        model, fp, data, where, cache = target_and_cache(args, resumed=resumed)
         tensors, report = train(cache, model.lm_head.matrix().float().cpu(), s, out, resume=args.resume,
                                 progress=not args.quiet)
     except KeyboardInterrupt:
@@ -225,20 +265,25 @@ def run_medusa(args) -> int:
 
 def run_eagle(args) -> int:
     from specdec.drafters.eagle_head import default_aux_layers
+    from specdec.errors import SpecdecError
     from specdec.training import heads
     from specdec.training.eagle import TrainSettings, train
 
     if args.ttt_steps is None:
         args.ttt_steps = 3 if args.version == 3 else 1
+    if args.draft_vocab is not None and args.version == 1:
+        raise SpecdecError("--draft-vocab is for --version 3: EAGLE-1 drafts over the target's whole vocabulary")
+    if args.draft_vocab is None:
+        args.draft_vocab = TrainSettings.draft_vocab
     check_run_args(args, ("tokens", "max_len", "epochs", "ttt_steps", "draft_vocab", "batch_tokens",
                           "checkpoint_every"))
     out = out_or(args.out, lambda: heads.store_dir(args.model, "eagle" if args.version == 3 else "eagle1"))
-    check_out(args, out)
+    s = TrainSettings(version=args.version, epochs=args.epochs, ttt_steps=args.ttt_steps,
+                      draft_vocab=args.draft_vocab, batch_tokens=args.batch_tokens, lr=args.lr,
+                      bf16=not args.fp32, checkpoint_every=args.checkpoint_every)
+    resumed = check_out(args, out, "eagle", asdict(s))
     try:
-        model, fp, data, where, cache = target_and_cache(args, lambda n: default_aux_layers(args.version, n))
-        s = TrainSettings(version=args.version, epochs=args.epochs, ttt_steps=args.ttt_steps,
-                          draft_vocab=args.draft_vocab, batch_tokens=args.batch_tokens, lr=args.lr,
-                          bf16=not args.fp32, checkpoint_every=args.checkpoint_every)
+        model, fp, data, where, cache = target_and_cache(args, lambda n: default_aux_layers(args.version, n), resumed)
         head = train(cache, model, args.model, fp, s, out, resume=args.resume, progress=not args.quiet,
                      device=model.device)
     except KeyboardInterrupt:

@@ -361,7 +361,7 @@ class EagleHead(nn.Module):
         """A head from a folder written by `save` or a published EAGLE-3 head (config.json + *.safetensors
         with the names above, any float dtype; loaded as fp32). A published head naming no aux layers gets
         the v3 default for a target of `num_target_layers`."""
-        from safetensors.torch import load_file
+        from specdec.store import read_safetensors
 
         folder = Path(folder)
         try:
@@ -379,7 +379,7 @@ class EagleHead(nn.Module):
             raise SpecdecError(f"{folder}: no *.safetensors weights next to {CONFIG}")
         state = {}
         for f in files:
-            state.update(load_file(str(f)))
+            state.update(read_safetensors(f, "train the head again with `specdec train eagle`, or copy it again"))
         head = cls(cfg)
         if "d2t" not in state:  # a full-vocabulary head may leave the maps out
             if cfg.draft_vocab_size != cfg.vocab_size:

@@ -182,6 +182,18 @@ def write_safetensors(path: Path, tensors: dict, metadata: dict | None = None) -
     return path
 
 
+def read_safetensors(path: Path, remedy: str) -> dict:
+    """The tensors of a safetensors file, or a SpecdecError naming the file and `remedy` when it is missing,
+    truncated or not safetensors at all (a copy cut short, a download that stopped)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (OSError, SafetensorError) as e:
+        raise SpecdecError(f"{path}: damaged or unreadable weights ({e}): {remedy}") from None
+
+
 def model_dir(name: str) -> Path:
     return home() / "models" / name
 

@@ -38,7 +38,6 @@ Checkpoints (`checkpoint.pt`: head, optimizer, epoch, batch, step, α history) a
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -51,7 +50,7 @@ from specdec.drafters.eagle_head import EagleConfig, EagleHead
 from specdec.errors import SpecdecError
 from specdec.runtime.model import rotate
 from specdec.training.hidden_cache import HiddenCache
-from specdec.training.medusa import CHECKPOINT, StepBoundary, check_resumable
+from specdec.training.medusa import CHECKPOINT, StepBoundary, check_resumable, load_checkpoint, save_checkpoint
 
 STEP_DECAY = 0.8      # EAGLE-3's weight of unrolled step j: 0.8^j
 V1_CE_WEIGHT = 0.1    # EAGLE-1: regression + 0.1 · cross-entropy
@@ -284,12 +283,6 @@ def new_head(target, name: str, fingerprint: str, s: TrainSettings, aux_layers, 
     return head
 
 
-def _save_checkpoint(path: Path, state: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
 def train(cache: HiddenCache, target, name: str, fingerprint: str, s: TrainSettings, out: str | Path,
           resume: bool = False, progress: bool = True, device: str | torch.device = "cpu") -> EagleHead:
     """Train a head from `cache` (built with the head's aux layers) for the frozen `target`
@@ -322,7 +315,7 @@ def train(cache: HiddenCache, target, name: str, fingerprint: str, s: TrainSetti
                                               * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(k / total, 1)))))
     state = dict(epoch=0, batch=0, step=0, tokens=0, seconds=0.0, loss=None, acc=None, history=[])
     if resume and ckpt_path.exists():
-        ck = torch.load(ckpt_path, weights_only=False, map_location=device)
+        ck = load_checkpoint(ckpt_path, "eagle", map_location=device)
         check_resumable(ckpt_path, ck, asdict(s), cache.meta)
         head.load_state_dict(ck["head"])
         opt.load_state_dict(ck["opt"])
@@ -333,7 +326,7 @@ def train(cache: HiddenCache, target, name: str, fingerprint: str, s: TrainSetti
     eval_steps = sorted({max(1, round(total * (i + 1) / s.evals)) for i in range(s.evals)})
 
     def checkpoint():
-        _save_checkpoint(ckpt_path, dict(head=head.state_dict(), opt=opt.state_dict(), sched=sched.state_dict(),
+        save_checkpoint(ckpt_path, dict(head=head.state_dict(), opt=opt.state_dict(), sched=sched.state_dict(),
                                          state=state, settings=asdict(s), cache=cache.meta))
 
     bar = tqdm(total=total, initial=state["step"], unit="step", desc=f"training eagle-{s.version} head",
@@ -378,7 +371,7 @@ def train(cache: HiddenCache, target, name: str, fingerprint: str, s: TrainSetti
     if not state["history"] or state["history"][-1]["step"] != state["step"]:
         state["history"].append({"step": state["step"], "tokens_seen": state["tokens"], **trainer.evaluate(docs.val)})
     head.cfg.training = {
-        **asdict(s), "objective": ("direct next-token CE, training-time test" if s.version == 3
+        **asdict(s), "draft_vocab": len(vocab), "objective": ("direct next-token CE, training-time test" if s.version == 3
                                    else "SmoothL1 feature regression + 0.1 CE, frozen norm/lm_head, fc = I"),
         "steps": state["step"], "seconds": round(state["seconds"], 1), "tokens": len(cache),
         "documents": cache.meta["documents"], "train_documents": len(docs.train),

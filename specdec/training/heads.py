@@ -99,16 +99,27 @@ def save(folder: str | Path, tensors: dict[str, torch.Tensor], config: dict) -> 
     return folder
 
 
+def kind_of(config: dict) -> str | None:
+    """The kind of heads a config.json describes: ours name it ("medusa"; "eagle" in its "specdec" block), a
+    published EAGLE-3 head names its architecture; None for anything else (a model's own config.json)."""
+    there = config.get("kind") or (config.get("specdec") or {}).get("kind")
+    if there is None and "LlamaForCausalLMEagle3" in (config.get("architectures") or []):
+        there = "eagle"
+    return there
+
+
 def load(folder: str | Path, kind: str, target_folder: str | Path, target_name: str) -> tuple[dict, dict]:
     """(tensors, config) of a heads folder, after checking it was made for this target."""
-    from safetensors.torch import load_file
+    from specdec.store import read_safetensors
 
     folder = Path(folder)
-    config = json.loads((folder / CONFIG).read_text())
+    again = f"train them again with `specdec train {kind}`, or copy the folder again"
+    try:
+        config = json.loads((folder / CONFIG).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SpecdecError(f"{folder / CONFIG}: damaged or unreadable ({e}): {again}") from None
     if config.get("kind") != kind:
-        there = config.get("kind") or (config.get("specdec") or {}).get("kind")
-        if there is None and "LlamaForCausalLMEagle3" in (config.get("architectures") or []):
-            there = "eagle"
+        there = kind_of(config)
         what = f"{there!r} heads" if there else "no specdec heads (its config.json names no kind)"
         raise SpecdecError(f"{folder} holds {what}, not {kind!r}: pass a folder written by `specdec train {kind}`")
     target = config.get("target", {})
@@ -117,4 +128,4 @@ def load(folder: str | Path, kind: str, target_folder: str | Path, target_name: 
             f"{folder}: these {kind} heads were trained for {target.get('name')!r} (fingerprint "
             f"{target.get('fingerprint')}), not for {target_name!r}: train heads for it with "
             f"`specdec train {kind} --model {target_name}`")
-    return load_file(str(folder / WEIGHTS)), config
+    return read_safetensors(folder / WEIGHTS, again), config

@@ -124,10 +124,33 @@ def evaluate(heads: MedusaHeads, lm_rows: torch.Tensor, cache: HiddenCache, ex: 
             "after_hits": after_hits, "positions": int(valid[:, 0].sum())}
 
 
-def _save_checkpoint(path: Path, state: dict) -> None:
+def save_checkpoint(path: Path, state: dict) -> None:
+    """Write a training checkpoint atomically (Ctrl-C mid-write leaves the previous one)."""
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
+
+
+KEY = {"medusa": "heads", "eagle": "head"}  # the weights' key in each trainer's checkpoint
+
+
+def load_checkpoint(path: Path, kind: str, map_location=None) -> dict:
+    """The checkpoint `specdec train KIND` left in `path`, or one line when it is damaged (cut short by a full disk
+    or a copy) or another trainer's (a Medusa run's --out given to `train eagle --resume`)."""
+    import pickle
+    import zipfile
+
+    try:
+        ck = torch.load(path, weights_only=False, map_location=map_location)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise SpecdecError(f"{path} is damaged or unreadable ({first}): drop --resume to train from the start") from None
+    there = next((k for k, key in KEY.items() if isinstance(ck, dict) and key in ck), None)
+    if there != kind:
+        what = f"a {there} training checkpoint" if there else "not a specdec training checkpoint"
+        raise SpecdecError(f"{path} is {what}, not {kind}'s: give the --out of the interrupted `specdec train "
+                           f"{kind}` run, or drop --resume to start over")
+    return ck
 
 
 class StepBoundary:
@@ -180,13 +203,14 @@ class StepBoundary:
             self.save()
 
 
-def check_resumable(path: Path, ck: dict, settings: dict, meta: dict, free=("checkpoint_every",)) -> None:
-    """Refuse to resume a checkpoint made with other settings or data, naming what differs; the settings in
-    `free` (how often to checkpoint; Medusa: the number of epochs) may change between runs."""
+def check_resumable(path: Path, ck: dict, settings: dict, meta: dict | None, free=("checkpoint_every",)) -> None:
+    """Refuse to resume a checkpoint made with other settings or data (`meta`: the hidden cache's; None: not
+    compared), naming what differs; the settings in `free` (how often to checkpoint; Medusa: the number of epochs)
+    may change between runs."""
     theirs = ck.get("settings", {})
     differ = [f"{k} {theirs.get(k)} (now {v})" for k, v in settings.items()
               if k not in free and theirs.get(k) != v]
-    if ck.get("cache") != meta:
+    if meta is not None and ck.get("cache") != meta:
         differ.append("the corpus or its hidden states (--data, --tokens, --max-len, --regenerate)")
     if differ:
         raise SpecdecError(f"{path} was made with other settings or data: {', '.join(differ)}; pass the same ones, "
@@ -219,7 +243,7 @@ def train(cache: HiddenCache, lm_weight: torch.Tensor, s: TrainSettings, out: st
     opt = torch.optim.AdamW(heads.parameters(), lr=s.lr, weight_decay=0.0)
     epoch, batch_no, step, val, seconds, last_loss = 0, 0, 0, None, 0.0, None
     if resume and ckpt_path.exists():
-        ck = torch.load(ckpt_path, weights_only=False)
+        ck = load_checkpoint(ckpt_path, "medusa")
         check_resumable(ckpt_path, ck, asdict(s), cache.meta, free=("epochs", "checkpoint_every"))  # more epochs: fine
         heads.load_state_dict(ck["heads"])
         opt.load_state_dict(ck["opt"])
@@ -231,7 +255,7 @@ def train(cache: HiddenCache, lm_weight: torch.Tensor, s: TrainSettings, out: st
     target = torch.from_numpy(ex.target)
 
     def checkpoint():
-        _save_checkpoint(ckpt_path, dict(heads=heads.state_dict(), opt=opt.state_dict(), epoch=epoch,
+        save_checkpoint(ckpt_path, dict(heads=heads.state_dict(), opt=opt.state_dict(), epoch=epoch,
                                          batch=batch_no, step=step, val=val, seconds=seconds, loss=last_loss,
                                          settings=asdict(s), cache=cache.meta))
 
