@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -51,7 +52,7 @@ class LLM:
         from specdec.store import resolve
 
         check_setup(draft=draft, sources=sources, exit_layer=exit_layer, lookahead=lookahead, tree=tree, heads=heads,
-                    tree_nodes=tree_nodes)
+                    tree_nodes=tree_nodes, datastore=datastore)
         if not isinstance(pull, bool):  # "no" is truthy: it would pull
             raise OptionError(f"pull must be True or False, got {pull!r}")
         if kv_dtype not in KV_DTYPES:
@@ -85,12 +86,17 @@ class LLM:
         self._early_exit = None
         self._cost = None
         self._cost_measured = False
+        self._building = threading.RLock()  # one thread builds a drafter or measures the probe; the others wait for it
 
     # --- drafters -----------------------------------------------------------------------
     def drafter(self, method: str) -> Drafter | None:
         """A drafter for one request. What is slow to build (heads, a draft model, early exit's measurement, the
         recycling table, a datastore) is built once; a drafter with per-request state (a KV cache, a context) is
         handed out as its own `fresh()` copy, so streams or threads of one LLM never draft on each other's caches."""
+        with self._building:  # threads asking at once build (and probe) once
+            return self._drafter(method)
+
+    def _drafter(self, method: str) -> Drafter | None:
         if check_method(method) == "plain":
             return None
         if method == "prompt-lookup":
@@ -195,6 +201,10 @@ class LLM:
     def cost_curve(self, measure: bool = False) -> CostCurve:
         """The verify-cost curve from `specdec probe` (cached per model and dtype); when none is cached,
         measured now if `measure`, else a mild default."""
+        with self._building:
+            return self._cost_curve(measure)
+
+    def _cost_curve(self, measure: bool) -> CostCurve:
         if self._cost is None or (measure and not self._cost_measured):
             from specdec.probe import dtype_key, load_cached, probe, save
 

@@ -260,6 +260,9 @@ HYBRID_SOURCES = tuple(m for m in METHODS if m not in ("plain", "hybrid"))
 
 def check_sources(sources: Sequence[str] | str) -> list[str]:
     """Hybrid sources, in order: drafter method names, comma-separated or a list."""
+    if not isinstance(sources, str) and (not isinstance(sources, (list, tuple))
+                                         or not all(isinstance(s, str) for s in sources)):
+        raise OptionError(f"sources must be method names, comma-separated or a list of strings, got {sources!r}")
     names = [s.strip() for s in (sources.split(",") if isinstance(sources, str) else sources) if s.strip()]
     if not names:
         raise OptionError("hybrid needs at least one source, e.g. --sources prompt-lookup,draft")
@@ -298,19 +301,27 @@ def check_tree(tree, method: str | None = None) -> str:
     return tree
 
 
+def is_folder(path) -> bool:
+    """None (the default), or a non-empty path (str or os.PathLike) to an existing folder."""
+    return path is None or (isinstance(path, (str, os.PathLike)) and bool(str(path).strip())
+                            and Path(path).expanduser().is_dir())
+
+
 def check_setup(*, draft: str | None = None, sources: Sequence[str] | str = ("prompt-lookup", "draft"),
                 exit_layer: int | str = "auto", lookahead="auto", method: str | None = None, tree: str = "auto",
-                tree_nodes: int | None = None, heads: str | None = None) -> None:
+                tree_nodes: int | None = None, heads: str | None = None, datastore: str | None = None) -> None:
     """The method settings of `specdec.LLM` (and `specdec race`), before anything loads; with `method`,
     also whether they let that method run (a draft model for 'draft', or for a hybrid that uses one).
     `tree`: Medusa's and EAGLE's tree (a name, or a Medusa paths file that must exist: read when the drafter is
-    built); `tree_nodes`: their size and token recycling's, None = from the probe's budget; `heads`: a heads
-    folder, which must exist."""
+    built); `tree_nodes`: their size and token recycling's, None = from the probe's budget; `heads` and
+    `datastore`: a heads folder and retrieval's datastore folder, which must exist (None: the model's own)."""
     if draft is not None and (not isinstance(draft, str) or not draft.strip()):
         raise OptionError(f"draft must be a model name or path, got {draft!r}")
-    if heads is not None and (not isinstance(heads, (str, os.PathLike)) or not str(heads).strip()
-                              or not Path(heads).is_dir()):
+    if not is_folder(heads):
         raise OptionError(f"heads {heads!r}: no such folder (give the --out folder of `specdec train medusa|eagle`)")
+    if not is_folder(datastore):
+        raise OptionError(f"datastore {datastore!r}: no such folder (give the --out folder of `specdec datastore "
+                          "build`, or None for the model's ShareGPT datastore)")
     if tree_nodes is not None and (not is_int(tree_nodes) or tree_nodes < 1):
         raise OptionError(f"tree_nodes must be an integer >= 1 (or None = from the budget), got {tree_nodes!r}")
     names = check_sources(sources)

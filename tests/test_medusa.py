@@ -95,6 +95,10 @@ def test_layout_from_rank_paths():
     check_paths([(0,), (3,)], 3, 4)
     with pytest.raises(ValueError, match=r"each in \[0, 4\)"):
         check_paths([(0,), (4,)], 3, 4)  # rank 4 of a 4-token draft vocabulary does not exist
+    for bad in (5, None, {"a": 1}, [None], [[0], 5], [[0.5]], [[True]], [[0], ["1"]], []):  # a tree file's JSON
+        with pytest.raises(ValueError, match="each a list of integer ranks"):  # was a TypeError, or 0.5 and true
+            check_paths(bad, 3, 4)                                             # read as ranks 0 and 1
+    assert check_paths([[0], [np.int64(1)]], 3, 4) == [(0,), (1,)]
 
 
 def test_calibrated_tree_picks_the_likeliest_paths():
@@ -574,6 +578,16 @@ def test_build_sizes_the_tree_and_the_prior_from_the_heads_file(env, tmp_path):
     heads.save(tmp_path / "h2", tensors, {"kind": "medusa", "target": {"name": "tiny-0",
                "fingerprint": heads.fingerprint(env["folder"])}, "heads": K, "hidden_size": 64, "val_accuracy": acc})
     assert build(llm, tmp_path / "h2", "auto", tree_nodes=39).prior_alpha == pytest.approx(0.95)  # capped
+    for config_heads, keep in ((K + 5, ("weight", "bias", "vocab")), (K, ("weight", "bias"))):
+        heads.save(tmp_path / "h3", {n: tensors[n] for n in keep}, {  # heads: 9 by hand; no vocabulary
+            "kind": "medusa", "target": {"name": "tiny-0", "fingerprint": heads.fingerprint(env["folder"])},
+            "heads": config_heads, "hidden_size": 64, "val_accuracy": acc})
+        with pytest.raises(SpecdecError, match=f"not {config_heads} heads of width 64 .*specdec train medusa"):
+            build(llm, tmp_path / "h3", "auto", tree_nodes=3)  # was: load_state_dict's or a KeyError's traceback
+    tree = tmp_path / "tree.json"  # ranks past the 3 that validation measured: drafted, counted 0 in the prior
+    tree.write_text("[[0], [5], [0, 7]]")
+    d = build(llm, tmp_path / "h", str(tree))
+    assert d.prior_alpha == pytest.approx(0.5) and d.layout.rank.tolist() == [0, 5, 7]
 
 
 class Recorder(Medusa):

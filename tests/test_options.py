@@ -224,6 +224,35 @@ def test_api_lookahead_config_and_tuple(llm, tmp_path_factory):
         LLM(str(llm.folder), lookahead=(2, 1, 2))
 
 
+def test_threads_asking_a_fresh_llm_at_once_probe_and_build_once(tmp_path, monkeypatch):
+    """Eight threads' first requests on one LLM: one forward-cost probe (each had run its own, under the others'
+    load, and the last one's curve was cached) and one recycling table."""
+    import threading
+    import time
+
+    from specdec import LLM
+    from specdec import probe as probe_mod
+    from tests.tiny import save_tiny
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    llm = LLM(str(save_tiny("llama", tmp_path / "m")), dtype="fp32")
+    calls, real = [], probe_mod.probe
+
+    def slow_probe(*a, **k):
+        calls.append(1)
+        time.sleep(0.2)  # long enough for every thread to arrive while it runs
+        return real(*a, **k)
+
+    monkeypatch.setattr(probe_mod, "probe", slow_probe)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(llm.drafter("recycling"))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(got) == 8 and llm._recycling is not None
+
+
 def test_api_checks_settings_before_loading(monkeypatch, llm):
     from specdec import LLM, api
 
@@ -231,8 +260,10 @@ def test_api_checks_settings_before_loading(monkeypatch, llm):
         raise AssertionError("loaded before checking")
 
     monkeypatch.setattr(api, "load_transformer", load)
-    for kwargs in (dict(sources="nosuch"), dict(exit_layer="x"), dict(lookahead=(1, 1, 1))):
-        with pytest.raises(OptionError):
+    for kwargs in (dict(sources="nosuch"), dict(exit_layer="x"), dict(lookahead=(1, 1, 1)),
+                   dict(sources=["prompt-lookup", 5]), dict(sources=5), dict(sources=None), dict(sources=[["a"]]),
+                   dict(datastore=5), dict(datastore=""), dict(datastore=str(llm.folder / "no-such-store"))):
+        with pytest.raises(OptionError):  # was: AttributeError / TypeError, or a datastore unread until generate
             LLM(str(llm.folder), **kwargs)
 
 

@@ -142,6 +142,7 @@ def test_sse_framing(tiny, live):
     ({"top_p": 0}, "top_p"),
     ({"top_p": 1.5}, "top_p"),
     ({"logit_bias": {"5": 1}}, "field 'logit_bias' is not supported"),
+    ({"store": True}, "field 'store' is not supported"),  # false (and metadata null) ask for nothing
     ({"frobnicate": 1}, "unknown field 'frobnicate'"),
     ({"frobnicate": None}, "unknown field 'frobnicate'"),  # null takes the default of our fields only
     ({"speculation": {"method": "plain", "x": 1}}, "unknown field 'speculation.x'"),
@@ -182,6 +183,29 @@ def test_bad_requests_get_400(tiny, live, change, words):
     assert err["param"], "a refusal names the field it is about"
 
 
+def test_a_prompt_too_long_for_the_default_answer_blames_the_prompt(tiny, live, monkeypatch):
+    """No max_tokens sent: the refusal names the prompt or messages (it named a max_tokens the client never sent).
+    Messages too many or too long in all for the context are refused before the chat template renders them (600,000
+    messages of "hi" took 17 s of templating and tokenizing, and their validation stalled every stream)."""
+    from specdec.serving.app import MAX_MESSAGES
+
+    folder = tiny[0]  # context 256 tokens; no token spells more than 5 characters
+    for path, body, param in [("/v1/completions", {"prompt": "ab " * 250}, "prompt"),
+                              ("/v1/chat/completions", {"messages": [{"role": "user", "content": "ab " * 250}]},
+                               "messages")]:
+        err = httpx.post(live.url + path, json={"model": folder, **body}).json()["error"]
+        assert (err["code"], err["param"]) == ("context_length_exceeded", param), err
+        assert f"shorten {param}" in err["message"] and "max_tokens" not in err["message"]
+    monkeypatch.setattr(tiny[2].hf, "apply_chat_template", lambda *a, **k: pytest.fail("templated"))
+    for messages in ([{"role": "user", "content": "a"}] * 257, [{"role": "user", "content": "abc" * 200}] * 3):
+        r = httpx.post(live.url + "/v1/chat/completions", json={"model": folder, "messages": messages})
+        err = r.json()["error"]
+        assert r.status_code == 400 and (err["code"], err["param"]) == ("context_length_exceeded", "messages"), err
+    r = httpx.post(live.url + "/v1/chat/completions",
+                   json={"model": folder, "messages": [{"role": "user", "content": "a"}] * (MAX_MESSAGES + 1)})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+
+
 def test_openai_error_codes_and_neutral_fields(tiny, client, live):
     folder = tiny[0]
     r = httpx.post(live.url + "/v1/completions", json={"model": "gpt-4", "prompt": "abc"})
@@ -197,7 +221,8 @@ def test_openai_error_codes_and_neutral_fields(tiny, client, live):
     assert "max_completion_tokens (1000000)" in err["message"]
     r = httpx.post(live.url + "/v1/completions", content=json.dumps({"model": folder, "prompt": "abc"}))
     assert r.status_code == 400 and "Content-Type: application/json" in r.json()["error"]["message"]
-    neutral = dict(logprobs=None, echo=False, presence_penalty=0, frequency_penalty=0.0, logit_bias={}, best_of=1)
+    neutral = dict(logprobs=None, echo=False, presence_penalty=0, frequency_penalty=0.0, logit_bias={}, best_of=1,
+                   store=False, metadata=None, parallel_tool_calls=True)
     plain = client.completions.create(model=folder, prompt="abc", max_tokens=4, temperature=0)
     assert client.completions.create(model=folder, prompt="abc", max_tokens=4, temperature=0,
                                      extra_body=neutral).choices[0].text == plain.choices[0].text

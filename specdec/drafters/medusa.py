@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import numbers
 from pathlib import Path
 from typing import Sequence
 
@@ -46,6 +47,7 @@ from torch import nn
 
 from specdec.draft import Draft
 from specdec.drafters.base import Context, Drafter
+from specdec.errors import SpecdecError
 from specdec.options import OptionError
 from specdec.runtime.model import Linear
 
@@ -111,11 +113,16 @@ def auto_nodes(acc, cost, limit: int = MAX_TREE) -> int:
 
 
 def check_paths(paths, heads: int, ranks: int) -> list[tuple[int, ...]]:
-    """Validate a list of rank paths (every prefix present, depth <= heads, ranks < ranks)."""
+    """Validate a list of rank paths (every prefix present, depth <= heads, ranks < ranks): lists (or tuples) of
+    integers, never a float or a bool read as one."""
+    shape = "a tree is a non-empty list of distinct paths, each a list of integer ranks, e.g. [[0], [1], [0, 0]]"
+    if (not isinstance(paths, (list, tuple)) or not all(isinstance(p, (list, tuple)) for p in paths)
+            or any(isinstance(r, bool) or not isinstance(r, numbers.Integral) for p in paths for r in p)):
+        raise OptionError(shape)
     out = [tuple(int(r) for r in p) for p in paths]
     have = set(out)
     if not out or len(have) != len(out):
-        raise OptionError("a tree is a non-empty list of distinct paths, e.g. [[0], [1], [0, 0]]")
+        raise OptionError(shape)
     for p in out:
         if not p or len(p) > heads or min(p) < 0 or max(p) >= ranks:
             raise OptionError(f"tree path {list(p)}: needs 1..{heads} ranks, each in [0, {ranks})")
@@ -214,8 +221,13 @@ def build(llm, heads_dir: str | None = None, tree: str = "auto", tree_nodes: int
     tensors, config = store.load(folder, KIND, llm.folder, llm.name)
     k, d = config["heads"], config["hidden_size"]
     module = MedusaHeads(k, d)
-    module.load_state_dict({"weight": tensors["weight"].float(), "bias": tensors["bias"].float()})
-    vocab = tensors["vocab"].long()
+    try:
+        module.load_state_dict({"weight": tensors["weight"].float(), "bias": tensors["bias"].float()})
+        vocab = tensors["vocab"].long()
+    except (KeyError, RuntimeError) as e:  # a config.json edited by hand, or weights from another run
+        raise SpecdecError(f"{folder}: the weights are not {k} heads of width {d} with their vocabulary, as its "
+                           f"config.json says ({str(e).splitlines()[0] if str(e) else repr(e)}): train them again "
+                           "with `specdec train medusa`") from None
     lm_rows = lm_head_rows(llm.model, vocab)
     acc = config["val_accuracy"]["after_hits"]  # acc[i][r]: head i's rank r, after heads 0 .. i-1 were right
     if tree_nodes is not None and tree_nodes < 1:
@@ -226,5 +238,6 @@ def build(llm, heads_dir: str | None = None, tree: str = "auto", tree_nodes: int
         paths = calibrated_paths(acc, tree_nodes or auto_nodes(acc, llm.cost_curve(measure=True)))
     else:
         paths = read_tree(tree, k, len(vocab))
-    first = sum(acc[0][p[0]] for p in paths if len(p) == 1)  # P(some first-level candidate is right)
+    # P(some first-level candidate is right), over the ranks validation measured (the top 8; a tree file may go deeper)
+    first = sum(acc[0][p[0]] for p in paths if len(p) == 1 and p[0] < len(acc[0]))
     return Medusa(module, lm_rows, vocab, paths, prior_alpha=float(min(first, 0.95)))

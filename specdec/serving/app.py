@@ -52,13 +52,15 @@ from specdec.serving.engine import Engine, Event, Job
 
 DASHBOARD = Path(__file__).with_name("static") / "dashboard.html"
 CHAT_MAX_TOKENS = 512  # a chat request without max_tokens: up to this many, within the context
+MAX_MESSAGES = 65_536  # each costs a chat template 3+ tokens: more never fit a context, and validating them stalls
 
 
 # OpenAI fields this server does not support, with the values that ask for nothing (accepted and dropped)
 NEUTRAL = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
            "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}),
            "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"),
-           "response_format": (None, {"type": "text"})}
+           "response_format": (None, {"type": "text"}), "store": (None, False), "metadata": (None, {}),
+           "parallel_tool_calls": (None, True, False)}  # without tools, either says nothing
 
 
 def _neutral(value, allowed) -> bool:
@@ -140,7 +142,7 @@ class Message(Body):
 
 
 class ChatBody(Common):
-    messages: list[Message] = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, ge=1)
 
 
@@ -241,10 +243,15 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
                           "can hold: shorten it", param, "context_length_exceeded")
         return text
 
-    def job_for(body: Common, prompt_ids: list[int], max_tokens: int, field: str = "max_tokens") -> Job:
+    def job_for(body: Common, prompt_ids: list[int], max_tokens: int, field: str | None, prompt: str) -> Job:
         """The engine's job for a checked body (runs off the event loop, after the prompt is tokenized);
-        `field`: the body's name for max_tokens, as an error names it."""
+        `field`: the body's name for max_tokens, as an error names it (None: the client sent none, and `max_tokens`
+        is the default); `prompt`: the body's name for the prompt."""
         if len(prompt_ids) + max_tokens > context:
+            if field is None:  # the client cannot lower a max_tokens it never sent
+                raise Refused(f"the prompt ({len(prompt_ids)} tokens) leaves no room in the model's context of "
+                              f"{context} tokens for the {max_tokens} an answer gets by default: shorten {prompt}",
+                              prompt, "context_length_exceeded")
             raise Refused(f"the prompt ({len(prompt_ids)} tokens) and {field} ({max_tokens}) exceed the model's "
                           f"context of {context} tokens: shorten the prompt or lower {field}", field,
                           "context_length_exceeded")
@@ -355,7 +362,7 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
                 raise Refused("prompt token ids must be in [0, vocab size)", "prompt")
         else:
             ids = tok.encode(text_of(body.prompt, "prompt"), chat=False)
-        return job_for(body, ids, body.max_tokens or 16)
+        return job_for(body, ids, body.max_tokens or 16, "max_tokens" if body.max_tokens else None, "prompt")
 
     def chat_job(body: ChatBody) -> Job:
         if not tok.has_chat_template:
@@ -364,11 +371,18 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
                      "content": text_of(m.content if isinstance(m.content, str) else "".join(p.text for p in m.content),
                                         f"messages.{i}.content"), **({"name": m.name} if m.name else {})}
                     for i, m in enumerate(body.messages)]
+        chars = sum(len(m["content"]) for m in messages)
+        if len(messages) > context or chars > context * longest:  # before templating and tokenizing it (seconds)
+            raise Refused(f"messages: {len(messages)} messages of {chars} characters in all, more than the model's "
+                          f"context of {context} tokens can hold: send fewer or shorter ones", "messages",
+                          "context_length_exceeded")
         text = tok.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tok.hf.encode(text, add_special_tokens=False)
         if body.max_completion_tokens:  # OpenAI's newer name, ahead of max_tokens
-            return job_for(body, ids, body.max_completion_tokens, "max_completion_tokens")
-        return job_for(body, ids, body.max_tokens or max(1, min(CHAT_MAX_TOKENS, context - len(ids))))
+            return job_for(body, ids, body.max_completion_tokens, "max_completion_tokens", "messages")
+        if body.max_tokens:
+            return job_for(body, ids, body.max_tokens, "max_tokens", "messages")
+        return job_for(body, ids, max(1, min(CHAT_MAX_TOKENS, context - len(ids))), None, "messages")
 
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionBody):
