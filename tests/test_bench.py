@@ -58,6 +58,18 @@ def test_any_path_both_formats_and_errors(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"foo": 1}\n')
     with pytest.raises(SpecdecError, match="bad.jsonl:1"):
         P.load_prompts(str(tmp_path / "bad.jsonl"))
+    cases = [({"instruction": 5, "buggy_solution": "x"}, "'instruction' must be text, got int"),  # was a TypeError
+             ({"instruction": "Fix.", "declaration": None, "buggy_solution": ["a"]}, "'declaration', 'buggy_solution'"),
+             ({"turns": ["   "]}, "none empty or only spaces"),  # generate refuses it; bench ran it
+             ({"turns": ["hi"], "category": None}, "'category' must be a non-empty string"),  # was "None"
+             ({"turns": ["hi"], "category": "all"}, "other than 'all'")]  # its rows took the summary's place
+    for line, said in cases:
+        (tmp_path / "bad.jsonl").write_text(json.dumps(line) + "\n")
+        with pytest.raises(SpecdecError, match=said):
+            P.load_prompts(str(tmp_path / "bad.jsonl"))
+    (tmp_path / "twice.jsonl").write_text('{"question_id": 1, "turns": ["a"]}\n{"question_id": 1, "turns": ["b"]}\n')
+    with pytest.raises(SpecdecError, match="twice.jsonl:2: id '1' was used at line 1"):  # plain's times were paired
+        P.load_prompts(str(tmp_path / "twice.jsonl"))                                     # with the wrong prompt
 
 
 def test_parse_methods_adds_plain_and_rejects_unknown():
@@ -249,6 +261,7 @@ def test_plain_in_other_dtypes_races_in_the_same_run(tiny_llama, tmp_path, capsy
     (["--categories", "qa,nope"], "unknown category 'nope'"),
     (["--prompts", "/no/such.jsonl"], "no such prompts file"),
     (["--model", "no-such-model", "--limit", "1"], "unknown model 'no-such-model'"),
+    (["--llamacpp-gguf", "/no/such.gguf"], "--llamacpp-gguf is llama.cpp's file for --compare-llamacpp"),  # ignored
 ])
 def test_cli_errors_one_line_exit_2(argv, message, tmp_path, capsys):
     args = ["bench", "--prompts", "spec-bench", "--out", str(tmp_path)]

@@ -105,7 +105,7 @@ def test_sim_past_the_budget(client):
     (dict(alpha=1.5), "alpha"), (dict(alpha=-0.1), "alpha"), (dict(alpha="high"), "alpha"),
     (dict(k=11), "k"), (dict(k=-1), "k"), (dict(k=4.5), "k"), (dict(k="4"), "k"), (dict(k=True), "k"),
     (dict(tau=2), "tau"), (dict(occupancy=201), "occupancy"), (dict(budget=0), "budget"),
-    (dict(step_ms=0), "step_ms"), (dict(seed=-1), "seed"), (dict(seed=None), "seed"), (dict(horizon_ms=0), "horizon_ms"),
+    (dict(step_ms=0), "step_ms"), (dict(step_ms=1e-6), "step_ms"), (dict(seed=-1), "seed"), (dict(seed=None), "seed"), (dict(horizon_ms=0), "horizon_ms"),
     (dict(max_rounds=10**6), "max_rounds"), (dict(speed=3), "speed"), (dict(segment=[1]), "segment"),
 ])
 def test_sim_bad_parameters(client, body, field):
@@ -249,6 +249,7 @@ def test_live_errors_during_the_run_are_reported(folder):
         race = c.post("/api/live", json=dict(prompt="x")).json()
         d = wait(c, race["id"], timeout=5)
         assert d["state"] == "error" and d["error"] == "model file is corrupt"
+        assert d["phase"] == "error"  # the page shows the phase: it kept "loading ..." (or "running plain")
 
 
 def test_no_model_and_bad_model():

@@ -117,6 +117,15 @@ def test_race_page(server, tmp_path):
         assert page.locator("#surface rect").count() == 21 * 11
         assert page.locator("#rounds rect").count() == 9  # k = 8 follows the race: 1..9 tokens
         assert page.locator("#alloc .chip.on").count() == 7  # Ch. 7: 7 of 10 chats at B = 120
+        page.fill("#w-tau", "-1")  # the surface's error stays when a knob changes (it redrew the last good surface)
+        page.wait_for_function("document.querySelectorAll('#surface rect').length === 0", timeout=10_000)
+        page.eval_on_selector("#k", "el => { el.value = 6; el.dispatchEvent(new Event('input')); }")
+        page.wait_for_function("document.getElementById('r-predicted').textContent === "
+                               f"'{theory.speedup(0.15, 6, 0.1):.2f}×'", timeout=10_000)
+        assert page.locator("#surface rect").count() == 0 and "tau" in page.text_content("#surface")
+        page.fill("#w-tau", "0.1")
+        page.wait_for_function("document.querySelectorAll('#surface rect').length === 231", timeout=10_000)
+        page.eval_on_selector("#k", "el => { el.value = 8; el.dispatchEvent(new Event('input')); }")
 
         # a bad request's message is shown in the page
         page.fill("#live-k", "fast")
@@ -137,6 +146,15 @@ def test_race_page(server, tmp_path):
         assert "tokens/s" in page.inner_text("#lm-stats") and "×" in page.inner_text("#live-summary")
         page.wait_for_function("document.getElementById('lm-clock').textContent.startsWith('finished')", timeout=30_000)
         page.screenshot(path=str(ARTIFACTS / "race.png"), full_page=True)
+
+        # a race that fails while it runs (a prompt past the tiny model's 256-token context): its error alone,
+        # not the last race's lanes and summary beside it, nor a progress bar stuck on "running plain"
+        page.fill("#prompt", "ab " * 300)
+        page.click("#go")
+        page.wait_for_selector("#live-error:not([hidden])", timeout=30_000)
+        assert "context" in page.inner_text("#live-error")
+        assert page.locator("#live-progress").is_hidden() and page.inner_text("#live-summary") == ""
+        assert page.locator("#lm-stats div").count() == 0 and page.locator("#lp-text .tok").count() == 0
     assert not errors, errors
     assert (ARTIFACTS / "race.png").stat().st_size > 10_000
 

@@ -26,6 +26,7 @@ SHORTCUTS = {
     "humanevalfix": DATA / "code_edit" / "humanevalfix_dev.jsonl",
 }
 CODE_EDIT = "code_edit"
+ALL = "all"  # the report's row over every category: no prompt's category may take its name
 
 
 class BenchPrompt(NamedTuple):
@@ -50,11 +51,23 @@ def parse_line(d: dict, where: str) -> BenchPrompt:
         raise SpecdecError(f"{where}: expected a JSON object")
     if "turns" in d:
         turns = d["turns"]
-        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
-            raise SpecdecError(f"{where}: 'turns' must be a non-empty list of non-empty strings")
-        return BenchPrompt(str(d.get("category", "default")), str(d.get("question_id", where)), tuple(turns))
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+            raise SpecdecError(f"{where}: 'turns' must be a non-empty list of strings, none empty or only spaces "
+                               "(generate refuses an empty prompt too)")
+        category = d.get("category", "default")
+        if not isinstance(category, str) or not category.strip() or category == ALL:
+            raise SpecdecError(f"{where}: 'category' must be a non-empty string other than {ALL!r} (the report's "
+                               f"row over every category), got {category!r}")
+        return BenchPrompt(category, str(d.get("question_id", where)), tuple(turns))
     if "instruction" in d and "buggy_solution" in d:
-        text = d["instruction"] + "\n\n" + d.get("declaration", "") + d["buggy_solution"]
+        fields = {k: d.get(k, "") for k in ("instruction", "declaration", "buggy_solution")}
+        bad = [k for k, v in fields.items() if not isinstance(v, str)]
+        if bad:
+            raise SpecdecError(f"{where}: {', '.join(map(repr, bad))} must be text, got "
+                               f"{', '.join(type(fields[k]).__name__ for k in bad)}")
+        text = fields["instruction"] + "\n\n" + fields["declaration"] + fields["buggy_solution"]
+        if not text.strip():
+            raise SpecdecError(f"{where}: the instruction and code are empty")
         return BenchPrompt(CODE_EDIT, str(d.get("task_id", where)), (text,))
     raise SpecdecError(f"{where}: neither a Spec-Bench line (turns) nor a HumanEvalFix line "
                        "(instruction, declaration, buggy_solution)")
@@ -70,6 +83,7 @@ def read_prompts(path: str | Path) -> list[BenchPrompt]:
     except OSError as e:
         raise SpecdecError(f"cannot read the prompts file {path}: {e.strerror}") from None
     text = decode_utf8(data, f"the prompts file {path}")
+    seen: dict[str, int] = {}
     for i, line in enumerate(text.split("\n"), 1):  # not splitlines: JSON strings may hold U+2028
         if not line.strip():
             continue
@@ -77,7 +91,12 @@ def read_prompts(path: str | Path) -> list[BenchPrompt]:
             d = json.loads(line)
         except json.JSONDecodeError as e:
             raise SpecdecError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-        out.append(parse_line(d, f"{path.name}:{i}"))
+        prompt = parse_line(d, f"{path.name}:{i}")
+        if prompt.id in seen:  # the report pairs each method's run with plain's by (category, id, turn)
+            raise SpecdecError(f"{path.name}:{i}: id {prompt.id!r} was used at line {seen[prompt.id]}: give each "
+                               "prompt its own question_id / task_id")
+        seen[prompt.id] = i
+        out.append(prompt)
     if not out:
         raise SpecdecError(f"{path}: no prompts")
     return out

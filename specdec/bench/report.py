@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
-ALL = "all"
+from specdec.bench.prompts import ALL  # the row over every category
 OUTSIDE = ("hf-", "llamacpp-")  # other engines' runners
 
 

@@ -150,6 +150,8 @@ def run(args) -> int:
     check_k(args.k)
     if args.compare_llamacpp and args.temperature > 0:
         raise ValueError("--compare-llamacpp runs greedy only: drop --temperature")
+    if args.llamacpp_gguf is not None and not args.compare_llamacpp:  # read by nothing else: said, not ignored
+        raise ValueError("--llamacpp-gguf is llama.cpp's file for --compare-llamacpp: add that, or drop it")
     if args.device != "cpu" and args.compare_llamacpp:
         raise ValueError("--compare-llamacpp runs on the CPU: drop it or use --device cpu")
     methods = runner.parse_methods(args.methods)

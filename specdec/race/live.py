@@ -287,9 +287,9 @@ class LiveRunner:
         except Cancelled:
             race.state, race.phase = "cancelled", "cancelled"
         except (SpecdecError, ValueError) as e:
-            race.state, race.error = "error", str(e)
+            race.state, race.phase, race.error = "error", "error", str(e)
         except Exception as e:  # a bug: say so on the page rather than hang the poller
-            race.state, race.error = "error", f"{type(e).__name__}: {e}"
+            race.state, race.phase, race.error = "error", "error", f"{type(e).__name__}: {e}"
         finally:
             race.ended = time.time()
 

@@ -48,7 +48,8 @@ class SimBody(Body):
     tau: float = Field(0.002, ge=0, le=1, description="draft cost per token, as a fraction of one step")
     occupancy: float = Field(0, ge=0, le=OCCUPANCY_MAX, description="B: sequences already in the batch")
     budget: float = Field(theory.BUDGET, gt=0, le=1e6, description="positions one step verifies for free")
-    step_ms: float = Field(theory.STEP_MS, gt=0, le=1e5, description="one memory-bound decode step")
+    step_ms: float = Field(theory.STEP_MS, ge=0.01, le=1e5,  # the page's own minimum: times go out to 0.1 µs
+                           description="one memory-bound decode step")
     seed: int = Field(0, ge=0, le=2**53)
     segment: int = Field(0, ge=0, le=10**9, description="which stretch of the race (its own random stream)")
     start_vanilla_ms: float = Field(0, ge=0, le=1e12)

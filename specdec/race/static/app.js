@@ -357,15 +357,22 @@ async function poll() {
   if (!["done", "error", "cancelled"].includes(d.state)) return;
   stopPolling();
   showError("live-error", "");
-  if (d.state === "error") showError("live-error", d.error);
+  if (d.state === "error") { showError("live-error", d.error); clearLanes(); }
   if (d.state === "cancelled") { $("live-phase").textContent = "cancelled"; LIVE.id = null; }
   if (d.state === "done") { LIVE.lanes = d.lanes; LIVE.method = d.method; $("live-progress").hidden = true; replay(); }
+}
+function clearLanes() {  // a failed race: nothing of the previous one may stand beside its error
+  cancelAnimationFrame(LIVE.raf);
+  LIVE.lanes = null;
+  $("live-progress").hidden = true; $("replay").disabled = true;
+  for (const id of ["lp-text", "lm-text", "lp-stats", "lm-stats"]) $(id).replaceChildren();
+  for (const id of ["lp-clock", "lm-clock", "live-summary"]) $(id).textContent = "";
 }
 function stopPolling() { clearInterval(LIVE.timer); LIVE.timer = null; $("go").disabled = false; $("cancel").disabled = true; }
 
 function laneStats(el, r, plain) {
   const rows = [["tokens/s", fmt(r.tokens_per_s, 1)], ["tokens", r.new_tokens], ["seconds", fmt(r.seconds, 2)],
-                ["mean accepted", fmt(r.mean_accepted)], ["α", plain ? "–" : fmt(r.acceptance_rate)],
+                ["mean accepted", fmt(r.mean_accepted)], ["α", plain || !r.drafted ? "–" : fmt(r.acceptance_rate)],
                 ["target forwards", r.target_forwards]];
   el.replaceChildren();
   for (const [label, value] of rows) { const d = document.createElement("div"); d.innerHTML = `<b></b> <span class="dim"></span>`; d.firstChild.textContent = value; d.lastChild.textContent = label; el.appendChild(d); }
@@ -416,7 +423,7 @@ function heat(s, lo, hi) {  // white at 1x, green above, red below
 
 async function loadSurface() {
   try { W.surface = await api(`/api/surface?tau=${encodeURIComponent($("w-tau").value)}&k_max=10`); drawSurface(); }
-  catch (e) { $("surface").replaceChildren(); svg("text", { x: 10, y: 20 }, $("surface"), e.message); }
+  catch (e) { W.surface = null; $("surface").replaceChildren(); svg("text", { x: 10, y: 20 }, $("surface"), e.message); }
 }
 
 function drawSurface() {
