@@ -28,6 +28,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_the_key_comes_from_the_environment_as_serve_takes_it(monkeypatch):
+    """$SPECDEC_API_KEY keys the servers `--serve` starts (they read it): the load generator sends it too (every
+    request of such a run was refused with 401)."""
+    from specdec.cli import build_parser
+
+    monkeypatch.setenv("SPECDEC_API_KEY", "s3cret")
+    for argv in (["loadtest", "--serve", "auto"], ["serve"]):
+        assert build_parser().parse_args(argv).api_key == "s3cret"
+    assert build_parser().parse_args(["loadtest", "--serve", "auto", "--api-key", "k"]).api_key == "k"
+
+
 def test_no_server_is_one_line(tmp_path, capsys):
     from specdec.cli import main
 

@@ -254,6 +254,9 @@ def test_chat_reads_developer_as_system_and_takes_names(tiny, live):
 def test_malformed_json_and_unknown_paths(live):
     r = httpx.post(live.url + "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = httpx.post(live.url + "/v1/completions", content=b'{"model": "m", "prompt": "\xff\xfe"}',
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "UTF-8" in r.json()["error"]["message"]  # was "an error parsing the body"
     r = httpx.post(live.url + "/v1/chat/completions", json={"model": "m", "messages": []})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
     assert httpx.get(live.url + "/v1/nope").status_code == 404

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -87,7 +88,9 @@ def register(sub) -> None:
                    help="spec-bench (default), humanevalfix, or a jsonl file in either format (first turns are used)")
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens per request (default 64)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per level; later requests are errors (default 300)")
-    p.add_argument("--api-key", default=None, help="bearer token, if the server requires one")
+    p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
+                   help="bearer token, if the server requires one (default: $SPECDEC_API_KEY, which servers started "
+                        "by --serve read too)")
     p.add_argument("--out", default="out/loadtest",
                    help="folder for loadtest.md, loadtest.json and loadtest.png (default out/loadtest; checked "
                         "before any load runs; a server that stops answering mid-run leaves the levels before it there)")
