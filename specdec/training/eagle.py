@@ -371,8 +371,9 @@ def train(cache: HiddenCache, target, name: str, fingerprint: str, s: TrainSetti
     if not state["history"] or state["history"][-1]["step"] != state["step"]:
         state["history"].append({"step": state["step"], "tokens_seen": state["tokens"], **trainer.evaluate(docs.val)})
     head.cfg.training = {
-        **asdict(s), "draft_vocab": len(vocab), "objective": ("direct next-token CE, training-time test" if s.version == 3
-                                   else "SmoothL1 feature regression + 0.1 CE, frozen norm/lm_head, fc = I"),
+        **asdict(s), "draft_vocab": len(vocab),  # what it drafts over: EAGLE-1's whole vocabulary, not the setting
+        "objective": ("direct next-token CE, training-time test" if s.version == 3
+                      else "SmoothL1 feature regression + 0.1 CE, frozen norm/lm_head, fc = I"),
         "steps": state["step"], "seconds": round(state["seconds"], 1), "tokens": len(cache),
         "documents": cache.meta["documents"], "train_documents": len(docs.train),
         "val_documents": len(docs.val), "draft_vocab_coverage": round(coverage, 4),

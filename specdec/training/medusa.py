@@ -144,7 +144,8 @@ def load_checkpoint(path: Path, kind: str, map_location=None) -> dict:
         ck = torch.load(path, weights_only=False, map_location=map_location)
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise SpecdecError(f"{path} is damaged or unreadable ({first}): drop --resume to train from the start") from None
+        raise SpecdecError(f"{path} is damaged or unreadable ({first}): drop --resume to train from the start"
+                           ) from None
     there = next((k for k, key in KEY.items() if isinstance(ck, dict) and key in ck), None)
     if there != kind:
         what = f"a {there} training checkpoint" if there else "not a specdec training checkpoint"
