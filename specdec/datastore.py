@@ -147,10 +147,10 @@ def read_files(paths: Sequence[str | Path], limit_docs: int | None = None) -> It
             raise SpecdecError("an empty path names no file: give files or folders to read")
         path = Path(path)
         if path.is_dir():
-            stores = {m.parent for m in path.rglob(META) if (m.parent / "tokens.npy").is_file()}
-            files = sorted(p for p in path.rglob("*") if p.is_file()
-                           and not any(part.startswith(".") for part in p.relative_to(path).parts)
-                           and not stores.intersection(p.parents))
+            found = [p for p in path.rglob("*") if p.is_file()
+                     and not any(part.startswith(".") for part in p.relative_to(path).parts)]  # one walk
+            stores = {p.parent for p in found if p.name == META and (p.parent / "tokens.npy").is_file()}
+            files = sorted(p for p in found if not stores.intersection(p.parents))
         elif path.is_file():
             files = [path]
         else:
