@@ -122,6 +122,18 @@ def _alpha(rounds: list[dict]) -> tuple[int, int, int]:
     return acc, drafted, reached
 
 
+def check_layers(layers, n_layers: int | None) -> list[int]:
+    """The exit layers to measure, sorted: each in 1..n_layers, at least one below n_layers (ValueError); with
+    n_layers None (not known before the model loads) only the lower bound is checked."""
+    layers = sorted(set(layers))  # [] is an error, not the default
+    top = n_layers if n_layers is not None else float("inf")
+    if not layers or any(not 1 <= L <= top for L in layers) or layers[0] == top:
+        span = f"1..{n_layers}, at least one below {n_layers}" if n_layers is not None else "1 or more"
+        raise ValueError(f"exit layers must be in {span} (exiting after the last layer drafts with the target "
+                         f"itself: a reference row, never the best), got {layers}")
+    return layers
+
+
 def measure_exit_layers(llm, prompts: Sequence[str | Sequence[int]] = DEFAULT_PROMPTS,
                         layers: Sequence[int] | None = None, k: int = 4, max_new_tokens: int = 64,
                         reuse: bool = True, repeats: int = 7,
@@ -136,10 +148,7 @@ def measure_exit_layers(llm, prompts: Sequence[str | Sequence[int]] = DEFAULT_PR
 
     model, tok = llm.model, llm.tokenizer
     n_layers = model.cfg.num_layers
-    layers = sorted(set(default_layers(n_layers) if layers is None else layers))  # [] is an error, not the default
-    if not layers or any(not 1 <= L <= n_layers for L in layers) or layers[0] == n_layers:
-        raise ValueError(f"exit layers must be in 1..{n_layers}, at least one below {n_layers} (exiting after the "
-                         f"last layer drafts with the target itself: a reference row, never the best), got {list(layers)}")
+    layers = check_layers(default_layers(n_layers) if layers is None else layers, n_layers)
     if k < 1 or max_new_tokens < 2:
         raise ValueError("k must be >= 1 and max_new_tokens >= 2")
     if not prompts:

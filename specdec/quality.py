@@ -72,7 +72,7 @@ def measure(name: str, folder, dtypes: list, ref, tasks: int = 8, load=None) -> 
         raise ValueError(f"tasks must be at least 1, got {tasks}")
     load = load or load_transformer
     texts = held_in(Tokenizer(folder), tasks)
-    label = lambda d: str(d).replace("torch.", "")
+    label = lambda d: {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(d, str(d))  # --dtype's names
     ref_top, results = None, []
     for d in [ref] + [d for d in dtypes if label(d) != label(ref)]:
         top, nll, count = score(load(folder, d), texts)

@@ -585,3 +585,327 @@ def test_explain_mismatch_margin_context_and_near_tie():
     assert (info["position"], info["margin"], info["near_tie"]) == (1, 0.5, True) and seen == [[1, 2, 9]]
     llm.dtype = torch.float32
     assert explain_mismatch(llm, [1, 2], [9, 3, 5], [9, 4])["near_tie"] is False
+
+
+def test_prompt_lines_that_only_look_right_are_refused(tmp_path):
+    """A string for 'turns' would run each character as a turn; an instruction without its buggy_solution is no
+    HumanEvalFix line; a missing file names the shortcuts."""
+    for line, said in [({"turns": "Hi."}, "'turns' must be a non-empty list"),
+                       ({"task_id": "T/1", "instruction": "Fix it."}, "neither a Spec-Bench line"),
+                       ({"task_id": "T/1", "buggy_solution": "  return 1\n"}, "neither a Spec-Bench line")]:
+        (tmp_path / "bad.jsonl").write_text(json.dumps(line) + "\n")
+        with pytest.raises(SpecdecError, match=said):
+            P.load_prompts(str(tmp_path / "bad.jsonl"))
+    with pytest.raises(SpecdecError, match=r"missing.jsonl \(shortcuts: spec-bench, humanevalfix\)"):
+        P.load_prompts(str(tmp_path / "missing.jsonl"))
+
+
+# --- mutation audit 2: sub-second figures, the Markdown and JSON written, the chart ----------------------------
+def _rec0(method, cat, seconds, tokens=8, i=0):
+    """A record as the runner makes it (tok/s 0 for a zero time)."""
+    from specdec.bench.runner import _record
+
+    return dict(_record(method, [1], list(range(tokens)), seconds, ""), category=cat, id=str(i), turn=1)
+
+
+def test_sub_second_totals_are_figures_and_a_zero_time_or_a_missing_plain_is_a_dash():
+    """Tiny models and short runs finish in under a second: tok/s and every ratio still count. A zero time never
+    divides (tok/s 0, ratios –), and neither does a method absent from a category or records without plain."""
+    recs = [_rec0("plain", "a", 0.4), _rec0("x", "a", 0.2), _rec0("hf-plain", "a", 0.5),
+            _rec0("llamacpp-plain", "a", 0.25), _rec0("y", "a", 0.8),
+            _rec0("plain", "z", 0.5), _rec0("x", "z", 0.0), _rec0("hf-plain", "z", 0.0),
+            _rec0("llamacpp-plain", "z", 0.25)]
+    rows = {(r["category"], r["method"]): r for r in report.summarize(recs)}
+    x = rows["a", "x"]
+    assert x["tokens_per_s_total"] == pytest.approx(40.0) and x["speedup_vs_plain"] == pytest.approx(2.0)
+    assert x["speedup_vs_hf_plain"] == pytest.approx(2.5) and x["speedup_vs_llamacpp_plain"] == pytest.approx(40 / 32)
+    assert rows["a", "hf-plain"]["speedup_vs_hf_plain"] == pytest.approx(1.0)
+    assert _rec0("x", "z", 0.0)["tokens_per_s"] == 0.0
+    zx, zplain = rows["z", "x"], rows["z", "plain"]
+    assert (zx["tokens_per_s_total"], zx["speedup_vs_plain"], zx["speedup_vs_plain_median"]) == (0.0, None, None)
+    assert zx["speedup_vs_hf_plain"] is None and zx["speedup_vs_llamacpp_plain"] is None
+    assert zplain["speedup_vs_hf_plain"] is None  # transformers took no time: no ratio, not 0.00×
+    assert ("z", "y") not in rows                   # absent from the category: no row, no division
+    alone = {r["method"]: r for r in report.summarize([_rec0("x", "a", 0.5), _rec0("y", "a", 0.0),
+                                                         _rec0("hf-plain", "a", 0.5)])}  # no plain at all
+    assert alone["x"]["speedup_vs_plain"] is None and alone["x"]["speedup_vs_plain_median"] is None
+    assert alone["y"]["speedup_vs_hf_plain"] is None and alone["y"]["tokens_per_s_total"] == 0.0
+
+
+def test_the_table_is_valid_markdown_and_the_all_row_keeps_its_columns():
+    """GitHub renders a table only when the delimiter row has one cell per column; the bold "all" row keeps all 13."""
+    table = report.markdown_table(report.summarize(fake_records()))
+    lines = table.splitlines()
+    cells = lambda line: [c.strip() for c in line.strip().strip("|").split("|")]
+    assert cells(lines[1]) == ["---", "---"] + ["--:"] * 10 + [":-:"] and len(cells(lines[0])) == 13
+    assert all(len(cells(line)) == 13 for line in lines[2:])
+    assert cells(next(line for line in lines if "**all**" in line))[:4] == ["**all**", "**plain**", "3", "30"]
+
+
+def _meta(**settings):
+    return dict(command="specdec bench --x", date="today", model="m", draft=None, dtype="float32", prompts="p.jsonl",
+                n_prompts=1, n_turns=1, machine=dict(cpu="cpu", cpu_count=2, torch_threads=1, torch="t",
+                                                      transformers="tf", python="3"),
+                settings=dict(dict(temperature=0.0, top_p=1.0, seed=0, max_new_tokens=10, k="auto", limit=None),
+                              **settings))
+
+
+def test_results_md_says_greedy_at_temperature_0_and_which_runs_are_held_to_plain():
+    rows = report.summarize(fake_records())
+    assert "- decoding: greedy, max new tokens 10, k auto" in report.results_markdown(rows, _meta())
+    assert "| ok |" in report.results_markdown(rows, _meta(seed=None))  # greedy: held to plain's tokens, seed or not
+    seeded = report.results_markdown(rows, _meta(temperature=0.7, seed=0))
+    assert "temperature 0.7, top-p 1.0, top-k 0, min-p 0.0, seed 0" in seeded and "| ok |" in seeded
+    unseeded = report.results_markdown(rows, _meta(temperature=0.7, seed=None))
+    assert "| ok |" not in unseeded and "| ref |" not in unseeded and "MISMATCH" not in unseeded
+
+
+def test_outputs_go_to_a_new_nested_folder_and_a_rerun_overwrites_them(tmp_path):
+    """--out results/run1 with no results/ yet, then the same --out again: both write, and results.json holds the
+    summary's figures and every record as they are."""
+    recs = fake_records()
+    rows = report.summarize(recs)
+    out = tmp_path / "results" / "run1"
+    report.write_outputs(out, recs, rows, _meta())
+    paths = report.write_outputs(out, recs, rows[:1], _meta())
+    data = json.loads(paths["json"].read_text())
+    assert data["summary"] == rows[:1] and data["records"] == recs and data["meta"]["model"] == "m"
+    assert paths["md"].read_text().count("| plain |") == 1
+
+
+def test_the_chart_draws_each_speedup_at_its_category(tmp_path, monkeypatch):
+    """Bars: one group per category, one bar per method but plain, at its speedup, labelled; the y axis from 0
+    holds the tallest bar; the dashed line at 1.0 is our plain decoding; other engines hatched."""
+    import matplotlib.pyplot as plt
+
+    close, figs = plt.close, []
+    monkeypatch.setattr(plt, "close", figs.append)
+    rows = [dict(category=c, method=m, speedup_vs_plain=s) for c, m, s in [
+        ("a", "plain", 1.0), ("a", "x", 2.5), ("a", "hf-plain", None), ("b", "plain", 1.0), ("b", "hf-plain", 0.5),
+        ("all", "plain", 1.0), ("all", "x", 3.0), ("all", "hf-plain", 0.75)]]
+    report.plot_speedup(rows, tmp_path / "s.png", title="m float32")
+    report.plot_speedup([dict(category="a", method="plain", speedup_vs_plain=1.0)], tmp_path / "p.png")
+    try:
+        ax, alone = figs[0].axes[0], figs[1].axes[0]
+        bars = {c.get_label(): [(round(p.get_x() + p.get_width() / 2, 6), p.get_height(), round(p.get_width(), 6))
+                                for p in c] for c in ax.containers}
+        assert bars == {"x": [(-0.2, 2.5, 0.4), (1.8, 3.0, 0.4)], "hf-plain": [(1.2, 0.5, 0.4), (2.2, 0.75, 0.4)]}
+        assert {c.get_label(): {p.get_hatch() for p in c} for c in ax.containers} == {"x": {None}, "hf-plain": {"//"}}
+        assert sorted((round(t.get_position()[0], 6), t.get_text()) for t in ax.texts) == [
+            (-0.2, "2.50"), (1.2, "0.50"), (1.8, "3.00"), (2.2, "0.75")]
+        line = ax.lines[0]
+        assert list(line.get_ydata()) == [1.0, 1.0] and line.get_label() == "our plain"
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b", "all"] and list(ax.get_xticks()) == [0, 1, 2]
+        low, high = ax.get_ylim()
+        assert low == 0 and 3.0 < high <= 1.5 * 3.0
+        assert ax.get_title() == "m float32" and alone.get_title() == "specdec bench"
+        assert [(c.get_label(), [p.get_height() for p in c]) for c in alone.containers] == [("plain", [1.0])]
+    finally:
+        for f in figs:
+            close(f)
+
+
+def test_cpu_name_and_load_average(monkeypatch):
+    from types import SimpleNamespace
+
+    cpuinfo = "processor\t: 0\nmodel name\t: Acme CPU: 9 @ 2.00GHz\n"
+    monkeypatch.setattr(report, "Path", lambda p: SimpleNamespace(read_text=lambda: cpuinfo))
+    assert report.cpu_model() == "Acme CPU: 9 @ 2.00GHz"
+
+    def unreadable():
+        raise OSError
+
+    monkeypatch.setattr(report, "Path", lambda p: SimpleNamespace(read_text=unreadable))
+    monkeypatch.setattr(report.platform, "processor", lambda: "")
+    monkeypatch.setattr(report.platform, "machine", lambda: "x86_64")
+    assert report.cpu_model() == "x86_64"
+    monkeypatch.setattr(report.os, "getloadavg", lambda: (1.23456, 0.5, 0.0049))
+    assert report.machine_info()["load_avg"] == [1.23, 0.5, 0.0]
+
+
+def test_chat_ids_add_no_second_bos_and_join_turns_without_a_template():
+    """The chat template holds the special tokens: encoding its text must not add a BOS on top (Llama's tokenizers
+    would). A model without a template gets the contents joined by blank lines, encoded as plain text."""
+    from types import SimpleNamespace
+
+    asked = []
+
+    class HF:
+        chat_template = "{{ messages }}"
+
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+            assert add_generation_prompt and not tokenize
+            return "|".join(m["content"] for m in messages) + "|>"
+
+        def encode(self, text, **kw):
+            asked.append((text, kw))
+            return [7]
+
+    tok, chat = SimpleNamespace(hf=HF()), [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    chat_ids(tok, chat)
+    tok.hf.chat_template = None
+    chat_ids(tok, chat)
+    assert asked == [("a|b|>", {"add_special_tokens": False}), ("a\n\nb", {})]
+
+
+def test_our_runner_wall_time_and_which_methods_are_held_to_plain():
+    import time
+    from types import SimpleNamespace
+
+    from specdec.bench.runner import BenchSettings, OurMethod
+
+    class FakeLLM:
+        def generate(self, ids, **kw):
+            time.sleep(0.02)
+            return SimpleNamespace(token_ids=[1], text="", target_forwards=1, mean_accepted=1.0, acceptance_rate=0,
+                                   drafted=0, accepted=0, accepted_per_position=[], draft_seconds=0,
+                                   target_seconds=0, finish_reason="length", seconds=0.001)
+
+        def drafter(self, method):
+            return SimpleNamespace(deterministic=method == "prompt-lookup")
+
+    t0 = time.perf_counter()
+    r = OurMethod(FakeLLM(), "plain", BenchSettings()).generate([1])
+    assert 0.02 <= r["seconds"] <= time.perf_counter() - t0
+    seeded = BenchSettings(temperature=0.7, seed=1)
+    held = lambda method, checked=True, s=seeded: OurMethod(FakeLLM(), method, s, checked=checked).plain_tokens()
+    assert held("prompt-lookup") and not held("draft") and held("draft", s=BenchSettings())
+    assert not held("prompt-lookup", checked=False) and not held("plain", checked=False, s=BenchSettings())
+
+
+def test_transformers_runner_samples_as_asked_times_the_call_and_cuts_at_the_first_eos():
+    import time
+    from types import SimpleNamespace
+
+    import torch
+
+    from specdec.bench.runner import BenchSettings, HFMethod
+
+    seen, outs = [], []
+
+    class Model:
+        device = torch.device("cpu")
+
+        def generate(self, x, **kw):
+            seen.append(dict(kw, seed=torch.initial_seed()))
+            time.sleep(0.02)
+            return torch.tensor([x[0].tolist() + outs.pop(0)])
+
+    tok = SimpleNamespace(eos_ids={3, 2}, decode=lambda ids: " ".join(map(str, ids)))
+    greedy = HFMethod("hf-plain", Model(), tok, BenchSettings(max_new_tokens=5))
+    outs += [[5, 6, 2, 2, 2], [5, 6, 7, 8, 9]]
+    t0 = time.perf_counter()
+    r = greedy.generate([1, 1])
+    assert 0.02 <= r["seconds"] <= time.perf_counter() - t0
+    assert (r["token_ids"], r["new_tokens"], r["text"], r["finish_reason"]) == ([5, 6, 2], 3, "5 6 2", "stop")
+    assert (r["target_forwards"], r["mean_accepted"]) == (3, 1.0)  # transformers' plain: one forward a token
+    r = greedy.generate([1, 1])
+    assert (r["token_ids"], r["finish_reason"]) == ([5, 6, 7, 8, 9], "length")
+    kw = seen[0]
+    assert (kw["do_sample"], kw["max_new_tokens"], kw["eos_token_id"], kw["pad_token_id"]) == (False, 5, [2, 3], 2)
+    sampled = HFMethod("hf-assisted", Model(), tok, BenchSettings(temperature=0.7, top_p=0.9, top_k=5, min_p=0.05,
+                                                                  seed=3), assistant_model="draft")
+    outs += [[5, 3]]
+    torch.manual_seed(12345)
+    r = sampled.generate([1])
+    assert r["target_forwards"] is None and r["mean_accepted"] is None and r["finish_reason"] == "stop"
+    kw = seen[-1]
+    assert (kw["do_sample"], kw["temperature"], kw["top_p"], kw["top_k"], kw["min_p"], kw["seed"],
+            kw["assistant_model"]) == (True, 0.7, 0.9, 5, 0.05, 3, "draft")
+    outs += [[5, 6]]
+    HFMethod("hf-plain", Model(), tok, BenchSettings(temperature=0.7, seed=None)).generate([1])
+    assert seen[-1]["min_p"] is None and seen[-1]["do_sample"] is True
+
+
+def test_transformers_prompt_lookup_takes_10_tokens_and_the_draft_is_fetched(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    from specdec import store
+    from specdec.bench import runner
+
+    pulled = []
+    monkeypatch.setattr(runner, "load_hf_model", lambda folder, dtype, device="cpu": SimpleNamespace(folder=folder))
+    monkeypatch.setattr(store, "resolve", lambda name, pull=False: pulled.append((name, pull)) or f"/models/{name}")
+    llm = SimpleNamespace(folder="/models/t", dtype=torch.float32, device="cpu", tokenizer=SimpleNamespace(eos_ids={2}))
+    plain, assisted, lookup = runner.hf_methods(llm, runner.BenchSettings(), draft="d")
+    assert lookup.extra == {"prompt_lookup_num_tokens": 10} and plain.extra == {}  # the documented setting
+    assert assisted.extra["assistant_model"].folder == "/models/d" and pulled == [("d", True)]
+
+
+def _logits_llm(dtype, margin, seen):
+    from types import SimpleNamespace
+
+    import torch
+
+    def forward(x, cache, last_only):
+        seen.append(x[0].tolist())
+        logits = torch.zeros(1, 1, 8, dtype=torch.float64)
+        logits[0, -1, 3] = margin
+        return SimpleNamespace(logits=logits)
+
+    forward.new_cache = lambda n: None
+    return SimpleNamespace(model=forward, dtype=dtype, tokenizer=SimpleNamespace(decode=lambda ids: f"<{ids[0]}>"))
+
+
+@pytest.mark.parametrize("dtype, bound", [("float32", 1e-3), ("bfloat16", 0.5), ("float16", 0.05), ("q8", 1e-3)])
+def test_a_near_tie_is_a_margin_within_the_dtypes_bound(dtype, bound):
+    import torch
+
+    from specdec.bench.runner import explain_mismatch
+
+    dtype = getattr(torch, dtype, dtype)  # q8: our quantized weights, no torch dtype
+    for margin, near in [(bound, True), (-bound, True), (1.2 * bound, False)]:
+        assert explain_mismatch(_logits_llm(dtype, margin, []), [1], [3], [4])["near_tie"] is near, margin
+
+
+def test_a_shorter_answer_and_a_seeded_mismatch_are_explained_without_a_margin():
+    """A method that stops before plain: no token to compare, no forward, never a near-tie (a bug). Under a seed:
+    the pieces, no margin (the draw, not the logits, picked them)."""
+    import torch
+
+    from specdec.bench.runner import describe_mismatch, explain_mismatch
+
+    seen = []
+    llm = _logits_llm(torch.float32, 0.0, seen)
+    info = explain_mismatch(llm, [1], [9, 3], [9])
+    assert info == dict(position=1, plain_token=3, token=None, margin=None, near_tie=False, sampled=False)
+    rec = dict(method="x", category="c", id="1", turn=1, mismatch=info)
+    assert "GREEDY MISMATCH x vs plain on c/1 turn 1: lengths differ from new token 1" in describe_mismatch(rec)
+    info = explain_mismatch(llm, [1], [9, 3], [9, 4], greedy=False)
+    assert (info["margin"], info["sampled"], info["plain_piece"], info["piece"]) == (None, True, "<3>", "<4>")
+    assert describe_mismatch(dict(rec, mismatch=info)).startswith("SEEDED MISMATCH x vs plain on c/1 turn 1")
+    assert not seen
+    shorter = explain_mismatch(llm, [1], [9, 3], [9], greedy=False)  # under a seed too: not called greedy
+    said = describe_mismatch(dict(rec, mismatch=shorter))
+    assert said.startswith("SEEDED MISMATCH x vs plain on c/1 turn 1: lengths")
+
+
+def test_run_bench_wants_plain_first_and_holds_runners_without_a_checked_flag(tiny_llama, capsys):
+    """transformers' runners have no `checked`: they are held to plain's tokens under greedy. A first runner other
+    than plain is refused (its answers would build the turns and be the reference). --no-progress prints nothing."""
+    from specdec.api import LLM
+    from specdec.bench.runner import BenchSettings, _record, run_bench
+
+    calls = []
+
+    class Fake:  # like HFMethod: no `checked`
+        def __init__(self, name, tokens, hf=True):
+            self.name, self.tokens, self.hf = name, tokens, hf
+
+        def generate(self, ids, max_new_tokens=None):
+            calls.append((self.name, max_new_tokens))
+            return _record(self.name, ids, self.tokens, 0.25, "t")
+
+    llm = LLM(str(tiny_llama), dtype="fp32")
+    prompts = [P.BenchPrompt("chat", "1", ("Q1",))]
+    for runners in ([], [Fake("hf-plain", [5]), Fake("plain", [5])]):
+        with pytest.raises(ValueError, match="the first runner must be our plain"):
+            run_bench(llm, prompts, runners, BenchSettings(), progress=False)
+    said = []
+    recs = run_bench(llm, prompts, [Fake("plain", [5], hf=False), Fake("hf-plain", [6])],
+                     BenchSettings(max_new_tokens=1), progress=False, report=said.append)
+    assert calls == [("plain", 1), ("hf-plain", 1), ("plain", None), ("hf-plain", None)]  # a 1-token warm-up
+    assert recs[1]["mismatch"]["position"] == 0 and recs[1].get("checked", True) and len(said) == 1
+    assert capsys.readouterr().err == ""

@@ -305,3 +305,39 @@ def test_exit_layers_refuses_bad_numbers_and_binary_prompts_before_loading(tmp_p
     binary.write_bytes(b"\xff\xfe\x00bin")
     assert main(["exit-layers", "--model", "no-such-model", "--prompts", str(binary)]) == 2
     assert f"{binary}: not UTF-8 text" in capsys.readouterr().err
+
+
+def test_exit_layers_outside_the_model_are_refused_before_it_loads(tiny_folder, capsys, monkeypatch):
+    """`--layers 0`, `31` or `30` (the last) on a 30-layer model loaded it (minutes for a GGUF) before refusing:
+    now the layer count is read from the folder first; a model not on disk is checked for L >= 1 at least."""
+    import specdec.api
+    from specdec.cli import main
+
+    def no_load(*a, **kw):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr(specdec.api, "LLM", no_load)
+    for layers in ("0", "9", "3", "1,4"):
+        assert main(["exit-layers", "--model", str(tiny_folder), "--layers", layers]) == 2
+        assert "exit layers must be in 1..3, at least one below 3" in capsys.readouterr().err
+    assert main(["exit-layers", "--model", "no-such-model", "--layers", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "exit layers must be in 1 or more" in err and "unknown model" not in err
+
+
+def test_exit_layers_prompt_files_are_blamed_for_what_they_are(tmp_path, capsys):
+    """A folder given as --prompts read "no such prompts file"; a Spec-Bench record with no turns was told a
+    HumanEvalFix record needs an instruction."""
+    from specdec.cli import main
+
+    assert main(["exit-layers", "--model", "no-such-model", "--prompts", str(tmp_path)]) == 2
+    assert f"{tmp_path} is a folder, not a prompts file" in capsys.readouterr().err
+    for record, said in (('{"turns": []}', "not a non-empty string in turns[0]"),
+                         ('{"turns": [" "]}', "not a non-empty string in turns[0]"),
+                         ('{"buggy_solution": "x"}', "a HumanEvalFix record needs an instruction too"),
+                         ('{"prompt": ""}', "the prompt is not a non-empty string")):
+        f = tmp_path / "p.jsonl"
+        f.write_text(record + "\n")
+        assert main(["exit-layers", "--model", "no-such-model", "--prompts", str(f)]) == 2
+        err = capsys.readouterr().err
+        assert f"{f}:1: " in err and said in err and ("HumanEvalFix" in err) == ("buggy" in record), err

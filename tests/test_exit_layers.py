@@ -364,20 +364,22 @@ def test_quality_saves_each_result_under_its_dtype_and_kv_dtype(tiny_folder, tmp
     from specdec.store import measurement_path
 
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
-    fake = lambda name, folder, dtypes, ref, tasks, load: [QualityResult(name, d, "float32", 9, 1.5, 1.0)  # noqa: E731
-                                                         for d in ("float32", "q4")]
+    fake = lambda name, folder, dtypes, ref, tasks, load: [QualityResult(name, d, "fp32", 9, 1.5, 1.0)  # noqa: E731
+                                                         for d in ("fp32", "q4")]
     monkeypatch.setattr(specdec.quality, "measure", fake)
     model = str(tiny_folder)
     assert main(["quality", "--model", model, "--dtype", "q4", "--ref", "fp32", "--tasks", "1", "--json"]) == 0
     assert main(["quality", "--model", model, "--dtype", "q4", "--ref", "fp32", "--kv-dtype", "fp32", "--json"]) == 0
-    for name in ("float32", "q4", "float32+kv-fp32", "q4+kv-fp32"):
+    for name in ("fp32", "q4", "fp32+kv-fp32", "q4+kv-fp32"):
         assert json.loads(measurement_path("quality", model, name).read_text())["perplexity"] == 1.5
     capsys.readouterr()
     available = len(specdec.quality.resolve_prompts("humanevalfix").read_text().splitlines())
     assert main(["quality", "--model", model, "--dtype", "q4", "--ref", "fp32", "--tasks", str(available)]) == 0
     out = capsys.readouterr().out
     assert f"of {available} HumanEvalFix dev tasks, KV" in out and "asked for more" not in out  # all, not more
-    assert "float32      1.5000        100.00%" in out  # perplexity, then the agreement
+    assert " fp32      1.5000        100.00%" in out  # perplexity, then the agreement
+    table = out.splitlines()[1:]  # --dtype's names, not torch's ("bfloat16" overran its column), aligned
+    assert table[0].split() == ["dtype", "perplexity", "top-1", "vs", "fp32"] and len({len(t) for t in table}) == 1
     for bad, said in ((["--tasks", "0"], "--tasks must be at least 1"), (["--ref", "auto"], "not 'auto'")):
         assert main(["quality", "--model", "no-such-model", *bad]) == 2
         err = capsys.readouterr().err

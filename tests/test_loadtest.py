@@ -64,10 +64,14 @@ def test_a_bad_out_is_refused_before_any_load(tmp_path, capsys, monkeypatch):
     assert "is a file, not a folder" in capsys.readouterr().err and afile.read_text() == "x"
 
 
-def test_a_server_that_dies_mid_run_keeps_the_levels_before(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("stop", ["server gone", "ctrl-c"])
+def test_a_server_that_dies_or_a_ctrl_c_mid_run_keeps_the_levels_before(tmp_path, capsys, monkeypatch, stop):
+    """Ctrl-C during a level used to throw away the levels already measured (exit 130, no files)."""
     from specdec.cli import main
 
     async def level(url, model, prompts, c, requests, *a, **kw):
+        if c == 2 and stop == "ctrl-c":
+            raise KeyboardInterrupt
         if c == 2:
             raise L.ServerGone(f"the server at {url} stopped answering during the level at concurrency 2")
         run = dict(requests=requests, done=[dict(tokens=8, ttft=0.01, gaps=[0.005] * 7, seconds=0.05)] * requests,
@@ -78,12 +82,15 @@ def test_a_server_that_dies_mid_run_keeps_the_levels_before(tmp_path, capsys, mo
     monkeypatch.setattr(L, "run_level", level)
     out = tmp_path / "lt"
     assert main(["loadtest", "--url", "http://127.0.0.1:9", "--model", "m", "--concurrency", "1,2,4",
-                 "--requests", "2", "--out", str(out)]) == 1
+                 "--requests", "2", "--out", str(out)]) == (130 if stop == "ctrl-c" else 1)
     err = capsys.readouterr().err
-    assert "stopped answering during the level at concurrency 2" in err and "Traceback" not in err
+    said = ("interrupted at concurrency 2" if stop == "ctrl-c"
+            else "stopped answering during the level at concurrency 2")
+    assert said in err and "Traceback" not in err
     levels = json.loads((out / "loadtest.json").read_text())["levels"]
     assert [lv["concurrency"] for lv in levels] == [1] and levels[0]["throughput"] == pytest.approx(80.0)
-    assert "stopped early" in (out / "loadtest.md").read_text()
+    md = (out / "loadtest.md").read_text()
+    assert "stopped early: " + ("interrupted" if stop == "ctrl-c" else "the server stopped answering") in md
 
 
 def test_every_request_refused_stops_with_the_servers_reason(tmp_path, capsys, monkeypatch):
@@ -249,3 +256,80 @@ def test_serve_refuses_a_mode_named_twice(capsys, monkeypatch):
     with pytest.raises(SystemExit) as e:  # a level named twice: measured twice, reported as two rows
         main(["loadtest", "--serve", "auto", "--concurrency", "1,2,1"])
     assert e.value.code == 2 and "names a level twice" in capsys.readouterr().err
+
+
+def test_a_server_that_is_not_specdec_is_one_line(tmp_path, capsys):
+    """`--url` at another HTTP server (a static one, another engine without /metrics): a 404 on /metrics read as
+    "no server answers" over two lines, an empty or non-JSON model list gave an IndexError traceback or a bare
+    JSON error, and an HTML error page was pasted into the message over ten lines."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from specdec.cli import main
+
+    pages = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            status, body = pages.get(self.path, (404, "<html>\n<body>\n<h1>Not found</h1>\n</body>\n</html>\n"))
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    cases = [('{"data": [{"id": "x"}]}', "answered HTTP 404 on /metrics, where the load test reads its counters"),
+             ('{"data": []}', "/v1/models lists no model"), ("oops", "/v1/models lists no model"),
+             ('{"data": [{"id": 5}]}', "/v1/models lists no model"), (None, "/v1/models answered HTTP 404 (<html>")]
+    try:
+        for i, (models, said) in enumerate(cases):
+            pages.clear()
+            if models is not None:
+                pages["/v1/models"] = (200, models)
+            assert main(["loadtest", "--url", url, "--concurrency", "1", "--requests", "1", "--max-tokens", "2",
+                         "--out", str(tmp_path / str(i))]) == 2
+            err = capsys.readouterr().err
+            assert said in err and "is it `specdec serve`?" in err and "no server answers" not in err, err
+            assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        pages.update({"/v1/models": (200, '{"data": [{"id": "x"}]}'), "/metrics": (200, "<html>hi</html>")})
+        assert main(["loadtest", "--url", url, "--concurrency", "1", "--requests", "1", "--out",
+                     str(tmp_path / "m")]) == 2
+        err = capsys.readouterr().err
+        assert "answered /metrics with no Prometheus text" in err and len(err.strip().splitlines()) == 1
+    finally:
+        server.shutdown()
+
+
+def test_the_ratio_panel_draws_each_mode_in_its_own_colour(tmp_path, monkeypatch):
+    """The third panel drew "x always" in the colour panels one and two give never, "x never" in another."""
+    import matplotlib.colors as mc
+
+    levels = [dict(concurrency=c, mode=m, throughput=10.0, itl_p99=0.01,
+                   paired={o: 1.0 for o in ("always", "never")} if m == "auto" else {},
+                   paired_interval={o: (0.9, 1.1) for o in ("always", "never")} if m == "auto" else {},
+                   paired_itl_p99={o: 1.0 for o in ("always", "never")} if m == "auto" else {},
+                   paired_itl_p99_interval={})
+              for c in (1, 2) for m in ("auto", "always", "never")]
+    import matplotlib.figure
+
+    drawn = {}
+    real = matplotlib.figure.Figure.savefig
+
+    def grab(fig, *a, **kw):
+        t, _, r = fig.axes[:3]
+        for line in t.get_lines():
+            drawn[line.get_label()] = mc.to_hex(line.get_color())
+        for container in r.containers:
+            label = container.get_label()
+            drawn[label] = mc.to_hex(container.lines[0].get_color())
+        return real(fig, *a, **kw)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", grab)
+    L.plot(levels, tmp_path / "p.png", "t")
+    for other in ("always", "never"):
+        assert drawn[f"tokens/s × {other}"] == drawn[other] == drawn[f"p99 ITL × {other}"], drawn
+    assert drawn["always"] != drawn["never"]

@@ -119,6 +119,7 @@ def test_tree_and_heads_are_checked_before_anything_loads(tmp_path, capsys):
 
     paths = tmp_path / "tree.json"
     paths.write_text("[[0], [0, 0]]")
+    (tmp_path / "config.json").write_text("{}")  # a heads folder as far as the early check looks
     check_setup(method="medusa", tree=str(paths), heads=str(tmp_path))
     for tree in ("auto", "chain", "dynamic", "static"):
         check_setup(method="eagle", tree=tree)
@@ -156,8 +157,11 @@ def test_tree_and_heads_paths_are_of_the_right_kind_and_bind_only_their_method(t
     paths.write_text("[[0], [0, 0]]")
     with pytest.raises(OptionError, match="no such file"):
         check_setup(method="medusa", tree=str(tmp_path))
-    with pytest.raises(OptionError, match="no such folder"):
+    with pytest.raises(OptionError, match="a file, not a folder"):  # was "no such folder" for a file that is there
         check_setup(method="medusa", heads=str(paths))
+    (tmp_path / "empty").mkdir()  # a folder without a config.json: refused now, not after the model has loaded
+    with pytest.raises(OptionError, match="no config.json in it, so no heads"):
+        check_setup(method="eagle", heads=str(tmp_path / "empty"))
     for method in (None, "plain", "prompt-lookup"):
         for tree in ("dynamic", "static", str(paths)):
             check_setup(method=method, tree=tree)
@@ -447,3 +451,31 @@ def test_pull_must_be_a_bool(llm, monkeypatch):
     monkeypatch.setattr(store, "resolve", lambda *a, **k: pytest.fail("resolved before the check"))
     with pytest.raises(OptionError, match="pull must be True or False, got 'no'"):
         LLM(str(llm.folder), pull="no")
+
+
+def test_llm_releases_its_threads_openmp_pool_after_loading_and_after_each_generation(tmp_path, monkeypatch):
+    """Load in one thread, decode in another (a web app's workers): the loading thread's idle OpenMP pool made
+    libgomp throttle the decoding thread's workers (0.76-0.85x the speed on 2 vCPUs), unless the user called
+    `release_threads()` by hand. `LLM` now releases the pool of the thread that loaded it, and of the thread that
+    decoded once a generation ends, however it ends (a stream left early included)."""
+    import threading
+
+    import specdec.api
+    from specdec import LLM
+    from tests.tiny import save_tiny
+
+    calls = []
+    monkeypatch.setattr(specdec.api, "release_threads", lambda: calls.append(threading.get_ident()) or 1)
+    llm = LLM(str(save_tiny("llama", tmp_path / "m")), dtype="fp32")
+    assert calls == [threading.get_ident()]
+    worker = threading.Thread(target=lambda: llm.generate([1, 2, 3], max_new_tokens=4, method="prompt-lookup"))
+    worker.start()
+    worker.join()
+    assert len(calls) == 2 and calls[1] == worker.ident
+    stream = llm.stream([1, 2, 3], max_new_tokens=8)
+    next(stream)
+    assert len(calls) == 2  # still decoding
+    stream.close()  # left early
+    assert len(calls) == 3
+    list(llm.stream([1, 2, 3], max_new_tokens=3))
+    assert len(calls) == 4

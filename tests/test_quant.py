@@ -478,7 +478,7 @@ def test_quality_reference_agrees_with_itself(tiny_folder):
     from specdec.quality import measure
 
     results = measure("tiny", tiny_folder, ["q8"], torch.float32, tasks=1)
-    assert [r.dtype for r in results] == ["float32", "q8"] and results[0].agreement == 1.0
+    assert [r.dtype for r in results] == ["fp32", "q8"] and results[0].agreement == 1.0
     assert all(r.tokens > 20 and 1 < r.perplexity < float("inf") for r in results)
     assert 0.5 < results[1].agreement <= 1.0
 
@@ -491,7 +491,7 @@ def test_quality_cli_json(tiny_folder, capsys):
     assert main(["quality", "--model", str(tiny_folder), "--dtype", "q4", "--ref", "fp32", "--tasks", "1",
                  "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [r["dtype"] for r in rows] == ["float32", "q4"] and rows[0]["agreement"] == 1.0
+    assert [r["dtype"] for r in rows] == ["fp32", "q4"] and rows[0]["agreement"] == 1.0
     assert main(["quality", "--model", str(tiny_folder), "--dtype", "q4", "--ref", "fp32", "--tasks", "1",
                  "--kv-dtype", "fp32", "--json"]) == 0
     full = json.loads(capsys.readouterr().out)
@@ -580,7 +580,7 @@ def test_quality_cli_dtype_list_and_task_count(tiny_folder, capsys):
 
     assert main(["quality", "--model", str(tiny_folder), "--dtype", "q4,q4", "--ref", "fp32", "--tasks", "1",
                  "--json"]) == 0
-    assert [r["dtype"] for r in json.loads(capsys.readouterr().out)] == ["float32", "q4"]
+    assert [r["dtype"] for r in json.loads(capsys.readouterr().out)] == ["fp32", "q4"]
     assert main(["quality", "--model", str(tiny_folder), "--dtype", " , ", "--ref", "fp32"]) == 2
     assert "--dtype names no format" in capsys.readouterr().err
     assert main(["quality", "--model", str(tiny_folder), "--dtype", "bogus", "--ref", "fp32"]) == 2

@@ -95,17 +95,6 @@ def test_vectorized_dtype_and_rows_sum_to_one():
             assert torch.allclose(p[i, j], probs_from_logits(logits[i, j], params), atol=1e-7)
 
 
-def test_no_sort_unless_top_p(monkeypatch):
-    def boom(*a, **k):
-        raise AssertionError("sorted the vocabulary")
-
-    monkeypatch.setattr(torch, "sort", boom)
-    logits = torch.randn(5, 150_000)
-    for params in (SamplingParams(1.0), SamplingParams(0.8, top_k=50), SamplingParams(0.8, min_p=0.1), SamplingParams()):
-        p = probs_from_logits(logits, params)
-        assert p.shape == (5, 150_000)
-
-
 def test_invalid_logits():
     with pytest.raises(ValueError, match="logits"):
         probs_from_logits(torch.tensor([1, 2, 3]), SamplingParams(1.0))
@@ -274,3 +263,110 @@ def test_draws_streams_never_alias():
     draws = Draws(7)
     u = [draws.uniform(t, s) for t in range(64) for s in (0, 1, 2, 3, Draws.RESIDUAL)]
     assert len(set(u)) == len(u)
+
+
+# --- edges found by a second mutation pass over sampling.py ---------------------------------------
+
+
+def test_params_refuse_booleans_and_strings_and_are_frozen():
+    """True is not a temperature; params are frozen (and hashable), so what __post_init__ validated stays valid."""
+    import dataclasses
+
+    for kwargs in ({"temperature": True}, {"temperature": "0.5"}, {"top_p": True}, {"min_p": False}):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            SamplingParams(**kwargs)
+    params = SamplingParams(temperature=0.7, top_k=5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.temperature = -1.0
+    assert hash(params) == hash(SamplingParams(temperature=0.7, top_k=5))
+
+
+def test_logits_of_any_leading_shape_and_a_vocabulary_of_one():
+    """A 0-dim tensor or an empty vocabulary is refused by name; a vocabulary of one gives p = 1; greedy works on
+    [V] and [2, 2, V] as on [rows, V]."""
+    for params in (SamplingParams(), SamplingParams(temperature=1.0)):
+        for bad in (torch.tensor(1.0), torch.zeros(2, 0)):
+            with pytest.raises(ValueError, match="vocabulary"):
+                probs_from_logits(bad, params)
+        assert probs_from_logits(torch.tensor([[0.3], [-2.0]]), params).tolist() == [[1.0], [1.0]]
+    assert probs_from_logits(torch.tensor([1.0, 3.0, 2.0]), SamplingParams()).tolist() == [0, 1, 0]
+    x = torch.tensor([[[1.0, 3.0, 2.0], [5.0, 0.0, 5.0]], [[0.0, 0.0, 1.0], [2.0, 1.0, 0.0]]])
+    assert probs_from_logits(x, SamplingParams()).tolist() == [[[0, 1, 0], [1, 0, 0]], [[0, 0, 1], [1, 0, 0]]]
+
+
+def test_top_k_of_one_filters_and_top_p_of_one_is_off(monkeypatch):
+    """top_k = 1 keeps the top token (with its ties). top_p = 1 computes no nucleus: a token whose mass is lost in
+    the cumulative sum (1 + 2e-22 rounds to 1 in float64) keeps its probability."""
+    assert probs_from_logits(LOG4, SamplingParams(1.0, top_k=1)).tolist() == [1, 0, 0, 0]
+    assert probs_from_logits(torch.tensor([2.0, 0.0, 2.0]), SamplingParams(1.0, top_k=1)).tolist() == [0.5, 0, 0.5]
+    p = probs_from_logits(torch.tensor([0.0, -50.0]), SamplingParams(1.0))
+    assert p[1] == pytest.approx(math.exp(-50), rel=1e-5)
+    from specdec import sampling
+
+    def boom(*a, **k):
+        raise AssertionError("computed a nucleus at top_p = 1")
+
+    monkeypatch.setattr(sampling, "_nucleus", boom)  # (patching torch.sort, which nothing calls, could not fail)
+    logits = torch.randn(5, 150_000)
+    for params in (SamplingParams(1.0), SamplingParams(0.8, top_k=50), SamplingParams(0.8, min_p=0.1), SamplingParams(),
+                   SamplingParams(1.0, top_k=10, min_p=0.1)):
+        assert probs_from_logits(logits, params).shape == (5, 150_000)
+
+
+def test_splitmix64_reference_values_and_draw_layout():
+    """`_mix` is SplitMix64's output function: from state 0 the reference generator (Steele, Lea and Flood 2014;
+    Vigna's splitmix64.c) gives e220a8397b1dcdaf, 6e789e6aa1b965f4, 06c45d188009454f. Pinned, with the documented
+    layout u = mix(mix(mix(seed) + position) + stream) >> 11 / 2^53, so that a seed keeps its tokens across
+    versions. uniform's stream defaults to 0 (plain sampling's), and uniforms(start, n) are positions start ..
+    start + n - 1."""
+    from specdec.sampling import _mix
+
+    gamma, mask = 0x9E3779B97F4A7C15, 2**64 - 1
+    assert [_mix(i * gamma & mask) for i in range(3)] == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+    draws = Draws(7)
+    for position, stream in [(0, 0), (12, 0), (12, 3), (5, Draws.RESIDUAL)]:
+        z = _mix((_mix((_mix(7) + position) & mask) + stream) & mask)
+        assert draws.uniform(position, stream) == (z >> 11) * 2.0**-53
+    assert draws.uniform(12) == draws.uniform(12, 0)
+    assert draws.uniforms(5, 3).tolist() == [draws.uniform(5), draws.uniform(6), draws.uniform(7)]
+    assert draws.uniforms(5, 2, 4).tolist() == [draws.uniform(5, 4), draws.uniform(6, 4)]
+
+
+def test_the_torch_route_checks_rows_and_ends_on_the_last_token_with_mass():
+    """Rows the C sampler does not take (float64 here; also CUDA): every row is checked, not only the extremes
+    (a zero row or an inf among good rows, a negative entry in a row of positive mass, NaN), non-tensors and
+    integer or 0-dim tensors are refused. Where u x total rounds up to total (a subnormal total at u just below
+    1), the last token with mass is drawn, never a zero-mass token after it, for any leading shape."""
+    f64 = lambda rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
+    u2 = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    for bad in ([[0.5, 0.5], [0.0, 0.0]], [[0.5, 0.5], [math.inf, 0.0]], [[0.6, -0.1], [0.5, 0.5]],
+                [[math.nan, 1.0], [0.5, 0.5]]):
+        with pytest.raises(ValueError, match="probs"):
+            sample(f64(bad), u=u2)
+    for bad in ([0.5, 0.5], torch.tensor([1, 2]), torch.tensor(0.5)):
+        with pytest.raises(ValueError, match="probs"):
+            sample(bad, make_generator(0))
+    top = torch.tensor([1 - 2**-53], dtype=torch.float64)
+    tiny = f64([0.0, 1e-310, 1e-310, 0.0])  # total 2e-310, subnormal: u x total == total
+    assert int(sample(tiny, u=top)) == 2
+    assert sample(tiny.expand(2, 4), u=top.expand(2)).tolist() == [2, 2]
+    assert sample(tiny.expand(2, 1, 4), u=top.expand(2)).tolist() == [[2], [2]]
+    assert int(sample(tiny, u=f64([0.25]))) == 1 and int(sample(tiny, u=f64([0.75]))) == 2
+
+
+@pytest.mark.parametrize("scale, widths", [(6.0, [64]), (2.5, [64, 1024]), (0.1, [64, 1024, 3000])])
+def test_top_p_widens_its_window_only_as_far_as_the_nucleus_needs(monkeypatch, scale, widths):
+    """The cost side of the window search (the output is checked against the full sort above): the top 64 first,
+    then 16 times wider, stopping at the first window whose mass reaches top_p, the full sort only for a nucleus
+    wider than 1024 (same logits as the nucleus-width test: nuclei of <= 64, 65..1024 and > 1024 tokens)."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 3000) * scale
+    asked, topk = [], torch.topk
+
+    def spy(x, k, *a, **kw):
+        asked.append(k)
+        return topk(x, k, *a, **kw)
+
+    monkeypatch.setattr(torch, "topk", spy)
+    probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=0.9))
+    assert asked == widths

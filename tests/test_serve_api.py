@@ -196,6 +196,8 @@ def test_a_prompt_too_long_for_the_default_answer_blames_the_prompt(tiny, live, 
         err = httpx.post(live.url + path, json={"model": folder, **body}).json()["error"]
         assert (err["code"], err["param"]) == ("context_length_exceeded", param), err
         assert f"shorten {param}" in err["message"] and "max_tokens" not in err["message"]
+        if param == "messages":  # a chat's default answer shrinks to what fits: it said "for the 1 an answer gets"
+            assert "tokens for an answer: shorten messages" in err["message"], err
     monkeypatch.setattr(tiny[2].hf, "apply_chat_template", lambda *a, **k: pytest.fail("templated"))
     for messages in ([{"role": "user", "content": "a"}] * 257, [{"role": "user", "content": "abc" * 200}] * 3):
         r = httpx.post(live.url + "/v1/chat/completions", json={"model": folder, "messages": messages})

@@ -1353,3 +1353,21 @@ def test_arm_ratios_drop_an_arm_no_longer_measured():
     assert _sample_count(m, "specdec_auto_arm_ratio", batch="2", arm="never") == 1.0
     assert m.registry.get_sample_value("specdec_auto_arm_ratio", {"batch": "2", "arm": "model"}) is None
     assert m.registry.get_sample_value("specdec_auto_arm_ratio", {"batch": "2", "arm": "always"}) is None
+
+
+# --- mutation audit 2: EAGLE's features through the fused layers, and which path a step takes ---------------------
+
+def test_packed_features_from_the_fused_layers_equal_the_models_own(tiny_folder):
+    """Quantized CPU models run the layers in one C call (`FusedLayers`): a segment asking for features gets the
+    hidden states of the model's own forward, bit for bit, and a segment beside it that did not ask gets none."""
+    from specdec.serving import batch
+
+    model = load_transformer(tiny_folder, "q8")
+    layers = (0, 1)
+    prompt = [5, 9, 13, 17, 21, 4]
+    out = model(torch.tensor([prompt]), model.new_cache(32), hidden_layers=layers)
+    own = torch.cat([out.hidden[i][0] for i in layers], dim=-1)
+    seg, other = Segment(model.new_cache(32), prompt, features=True), Segment(model.new_cache(32), [7, 8, 9])
+    packed_forward(model, [seg, other], layers)
+    assert torch.equal(seg.hidden, own) and other.hidden is None
+    assert not batch.on_a_gpu(model) and batch.on_a_gpu(SimpleNamespace(device=torch.device("cuda")))

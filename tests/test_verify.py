@@ -733,3 +733,172 @@ def test_typical_extra_token_draws_the_uniform_of_its_position():
         r = V.verify(Draft(torch.tensor([3, 4]), torch.tensor([-1, -1])), flat, draws, mode="typical",
                      typical_epsilon=0.05, position=position)
         assert r.path == [0] and r.tokens.tolist() == [3, want]
+
+
+# --- edges found by a second mutation pass over verify.py ----------------------------------------
+
+
+def test_check_distributions_names_the_bad_row_with_an_inclusive_tolerance():
+    """A single bad row is caught and named wherever it sits (not only when every row is bad); the tolerance is
+    inclusive (|sum - 1| = atol passes) and 1e-4 by default; rows of one entry and any leading shape ([V],
+    [2, 3, V]) are checked; integer tensors are refused."""
+    f64 = lambda rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
+    V.check_distributions(f64([[0.5, 0.5], [0.25, 0.75]]), "p")
+    with pytest.raises(ValueError, match="p row 1 sums to 2,"):
+        V.check_distributions(f64([[0.5, 0.5], [1.0, 1.0]]), "p")
+    V.check_distributions(f64([[0.75, 0.75]]), "p", atol=0.5)  # off by exactly atol
+    with pytest.raises(ValueError, match="p row 1 sums to 3,"):
+        V.check_distributions(f64([[0.75, 0.75], [1.5, 1.5]]), "p", atol=0.5)
+    V.check_distributions(f64([[0.5, 0.5 + 0.8e-4]]), "p")
+    with pytest.raises(ValueError, match="p row 0 sums to 1.00012"):
+        V.check_distributions(f64([[0.5, 0.5 + 1.2e-4]]), "p")
+    V.check_distributions(torch.ones(1, 1), "p")
+    with pytest.raises(ValueError, match="p row 0 sums to 2,"):
+        V.check_distributions(torch.full((1, 1), 2.0), "p")
+    V.check_distributions(torch.full((4,), 0.25), "p")
+    V.check_distributions(torch.full((2, 3, 4), 0.25), "p")
+    with pytest.raises(ValueError, match="p row 4 sums to 2,"):
+        V.check_distributions(torch.full((2, 3, 4), 0.25).index_put_((torch.tensor(1), torch.tensor(1)),
+                                                                     torch.tensor(0.5)), "p")
+    with pytest.raises(ValueError, match="floating-point"):
+        V.check_distributions(torch.tensor([[0, 1]]), "p")
+
+
+def test_bad_input_that_is_not_a_float_tensor_or_not_a_token_id():
+    """Lists for p or q, integer p, 1-D p, a negative draft token (which would index p from the end) and tree
+    tokens >= V are refused with a ValueError naming the argument, not an AttributeError or IndexError later."""
+    with pytest.raises(ValueError, match="p must be a 2-D"):
+        V.rejection_sample(GOOD_P.tolist(), GOOD_Q, DRAFT)
+    with pytest.raises(ValueError, match="q must be"):
+        V.rejection_sample(GOOD_P, GOOD_Q.tolist(), DRAFT)
+    with pytest.raises(ValueError, match="draft_tokens"):
+        V.rejection_sample(GOOD_P, GOOD_Q, torch.tensor([-1, 2]))
+    with pytest.raises(ValueError, match="p_or_logits must be a 2-D float"):
+        V.greedy_verify(torch.tensor([[0, 5, 1], [3, 0, 1], [0, 0, 9]]), torch.tensor([1, 0]))
+    tree = Draft(torch.tensor([1, 2]), torch.tensor([-1, -1]))
+    with pytest.raises(ValueError, match="^p must be"):
+        V.verify(tree, GOOD_P.tolist())
+    with pytest.raises(ValueError, match="^p must be"):
+        V.verify(tree, torch.tensor([[0, 5, 1], [3, 0, 1], [0, 0, 9]]), mode="greedy")
+    with pytest.raises(ValueError, match="^p must be"):
+        V.verify(tree, torch.full((3,), 1 / 3))
+    for tokens in ([1, 4], [4, 1]):  # V = 4
+        with pytest.raises(ValueError, match="draft tokens must be token ids"):
+            V.verify(Draft(torch.tensor(tokens), torch.tensor([-1, -1])), GOOD_P)
+
+
+def test_acceptance_where_q_is_zero_or_p_rounds_past_one():
+    """q(x) = 0 (a token the draft could not have drawn) accepts iff p(x) > 0, without dividing by zero; a
+    deterministic draft's min(1, p(x)) stays a probability for a p(x) a rounding past 1 (rows pass validation up
+    to 1e-4 off)."""
+    assert V.acceptance_probability(0.3, 0.0) == 1.0
+    assert V.acceptance_probability(1e-30, 0.0) == 1.0
+    assert V.acceptance_probability(0.0, 0.0) == 0.0
+    assert V.acceptance_probability(0.3) == 0.3
+    assert V.acceptance_probability(1.00005) == 1.0
+    # through rejection_sample: q drafted token 1 with q(1) = 0, p(1) = 0.3: always accepted
+    p = torch.tensor([[0.2, 0.3, 0.5], [1.0, 0.0, 0.0]], dtype=torch.float64)
+    q = torch.tensor([[0.5, 0.0, 0.5]], dtype=torch.float64)
+    n, tokens = V.rejection_sample(p, q, torch.tensor([1]), V.Draws(0))
+    assert (n, tokens.tolist()) == (1, [1, 0])
+
+
+def test_residual_without_mass_falls_back_to_p():
+    """p == q (a rejection had probability ~0) or p one-hot on the rejected deterministic token: no residual mass,
+    p itself is returned, never 0 / 0."""
+    p = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    assert torch.equal(V.residual_distribution(p, p.clone()), p)
+    hot = torch.tensor([0.0, 1.0, 0.0])
+    assert torch.equal(V.residual_distribution(hot, None, 1), hot)
+
+
+def test_a_chain_round_reads_the_uniforms_of_its_own_positions():
+    """Row j of a chain round rooted at `position` tests its token with u(position + j, stream 1), and the token
+    after the accepted ones is the residual's draw (stream RESIDUAL) or the bonus (stream 0, as plain decoding)
+    at its own position: rows must not read earlier positions, whose uniforms earlier rounds already used.
+    `position` defaults to 0."""
+    p = torch.full((3, 4), 0.25, dtype=torch.float64)
+    q = torch.tensor([[0.1, 0.5, 0.2, 0.2], [0.1, 0.2, 0.5, 0.2]], dtype=torch.float64)
+    draft = torch.tensor([1, 2])  # each accepted with 0.25 / 0.5 = 0.5
+    res = V.Draws.RESIDUAL
+    # accept (0.1 < 0.5), reject (0.9); residual after 2: (0.15, 0.05, 0, 0.05) / 0.25, at u = 0.7 token 1
+    draws = Chosen({(5, 1): 0.1, (6, 1): 0.9, (6, res): 0.7})
+    n, tokens = V.rejection_sample(p, q, draft, draws, position=5)
+    assert (n, tokens.tolist(), draws.read) == (1, [1, 1], [(5, 1), (6, 1), (6, res)])
+    # both accepted: the bonus is p[2]'s inverse CDF at u(7) = 0.6, token 2
+    draws = Chosen({(5, 1): 0.1, (6, 1): 0.1, (7, 0): 0.6})
+    n, tokens = V.rejection_sample(p, q, draft, draws, position=5)
+    assert (n, tokens.tolist(), draws.read) == (2, [1, 2, 2], [(5, 1), (6, 1), (7, 0)])
+    draws = Chosen({})
+    V.rejection_sample(p, q, draft, draws)
+    assert draws.read[0] == (0, 1)
+    draws = Chosen({})
+    V.rejection_sample(p, None, draft, draws)
+    assert draws.read == [(0, 0), (1, 0), (2, 0)]
+    draws = Chosen({})
+    V.typical_verify(p[:2], torch.tensor([3]), draws, epsilon=0.05)  # accepted: the extra token draws position 1
+    assert draws.read == [(1, 0)]
+
+
+def test_typical_acceptance_is_strict_and_checks_its_arguments():
+    """p(x) must exceed the threshold: p(x) = min(epsilon, ...) exactly is rejected, in a chain and in a tree.
+    epsilon in (0, 1], delta > 0 finite; rows of any leading shape; validation on by default; an empty draft is
+    plain decoding."""
+    p = torch.tensor([[0.09, 0.09, 0.82]] * 3, dtype=torch.float64)  # 0.3 exp(-H) = 0.165: threshold 0.09
+    assert V.typical_thresholds(p).tolist() == [0.09] * 3
+    assert V.typical_verify(p[:2], torch.tensor([0]), V.Draws(0))[0] == 0
+    assert V.typical_verify(p[:2], torch.tensor([2]), V.Draws(0))[0] == 1
+    r = V.verify(Draft(torch.tensor([0, 1]), torch.tensor([-1, -1])), p, V.Draws(0), mode="typical")
+    assert r.path == [] and r.kind == "recovered"
+    for epsilon, delta in [(0.0, 0.3), (-0.1, 0.3), (1.5, 0.3), (0.09, 0.0), (0.09, -1.0), (0.09, math.inf),
+                           (0.09, math.nan)]:
+        with pytest.raises(ValueError, match="epsilon"):
+            V.typical_thresholds(p, epsilon, delta)
+    entropy = -(2 * 0.09 * math.log(0.09) + 0.82 * math.log(0.82))
+    assert V.typical_thresholds(p, 1.0, 0.3).tolist() == pytest.approx([0.3 * math.exp(-entropy)] * 3)
+    assert float(V.typical_thresholds(torch.full((4,), 0.25))) == pytest.approx(0.075)
+    with pytest.raises(ValueError, match="p row 0 sums to 2"):
+        V.typical_verify(GOOD_P * 2, DRAFT)
+    n, tokens = V.typical_verify(p[:1], torch.zeros(0, dtype=torch.long), V.Draws(0))
+    assert n == 0 and tokens.tolist() == [int(sample(p[0], u=V.Draws(0).uniforms(0, 1)))]
+
+
+def test_typical_tree_keeps_whole_paths_and_counts_depth_below_the_first_root_child():
+    """Node 2 hangs off node 0 (a root child with index 0). Row 0 = (0.5, 0.5, 0, 0) clears tokens 0 and 1 only;
+    the row after node 0 is one-hot on 3, so node 2 (token 3) clears it. With node 0 failing (token 2), node 2
+    is not kept though it clears its row: the path is [1]. With node 0 passing, node 2 is the deepest: [0, 2]."""
+    hot = lambda t: torch.nn.functional.one_hot(torch.tensor(t), 4).double()  # noqa: E731
+    p = torch.stack([torch.tensor([0.5, 0.5, 0.0, 0.0], dtype=torch.float64), hot(3), hot(0), hot(1)])
+    parents = torch.tensor([-1, -1, 0])
+    r = V.verify(Draft(torch.tensor([2, 1, 3]), parents), p, V.Draws(0), mode="typical")
+    assert r.path == [1] and r.tokens.tolist() == [1, 0]
+    r = V.verify(Draft(torch.tensor([0, 1, 3]), parents), p, V.Draws(0), mode="typical")
+    assert r.path == [0, 2] and r.tokens.tolist() == [0, 3, 1] and r.kind == "bonus"
+
+
+def test_outcome_distribution_takes_rows_as_given():
+    """Like rejection_sample(validate=False), the exact law does not insist on normalized rows (bf16 rows may
+    be off by more than the tolerance): acceptance min(1, p/q) on the rows as given."""
+    p = torch.full((2, 4), 0.25 * (1 + 1e-3), dtype=torch.float64)
+    q = torch.tensor([[0.5, 0.25, 0.125, 0.125]], dtype=torch.float64)
+    (reject, _), (accept, _) = V.outcome_distribution(p, q, torch.tensor([0]))
+    assert accept == pytest.approx(0.5 * (1 + 1e-3)) and reject == pytest.approx(1 - accept)
+
+
+def test_a_deterministic_chain_is_checked_against_plain_decodings_draw_at_every_row():
+    """q = None: row j compares the draft with the target's own draw at position + j (its row's inverse CDF at
+    u(position + j), as plain decoding draws it). A chain guessing those draws is accepted whole and the bonus is
+    plain decoding's next token; a chain wrong at row 2 keeps 2 and emits plain decoding's token there. Rows past
+    the first are exercised here: the end-to-end seed test rarely gets a tiny random model to accept them."""
+    torch.manual_seed(4)
+    vocab, k = 6, 4
+    p = torch.softmax(torch.randn(k + 1, vocab, dtype=torch.float64), -1)
+    for seed in range(5):
+        draws = V.Draws(seed)
+        for position in (0, 9):
+            plain = [int(sample(p[j], u=draws.uniforms(position + j, 1))) for j in range(k + 1)]
+            n, tokens = V.rejection_sample(p, None, torch.tensor(plain[:k]), draws, position=position)
+            assert (n, tokens.tolist()) == (k, plain)
+            wrong = plain[:2] + [(plain[2] + 1) % vocab] + plain[3:k]
+            n, tokens = V.rejection_sample(p, None, torch.tensor(wrong), draws, position=position)
+            assert (n, tokens.tolist()) == (2, plain[:3])

@@ -259,9 +259,9 @@ def describe_mismatch(rec: dict) -> str:
         return (f"SEEDED MISMATCH {rec['method']} vs plain on {where}: first difference at new token {m['position']} "
                 f"(plain {m['plain_piece']!r}, {rec['method']} {m['piece']!r}): a deterministic draft must give plain's "
                 "tokens under a seed (a bug on the exact CPU paths; elsewhere a draw within rounding of a boundary)")
-    if m["margin"] is None:
-        return (f"GREEDY MISMATCH {rec['method']} vs plain on {where}: lengths differ from new token "
-                f"{m['position']} on (a bug)")
+    if m["margin"] is None:  # one answer ended first (greedy, or under a seed)
+        return (f"{'SEEDED' if m.get('sampled') else 'GREEDY'} MISMATCH {rec['method']} vs plain on {where}: "
+                f"lengths differ from new token {m['position']} on (a bug)")
     verdict = "a near-tie, rounding may flip it" if m["near_tie"] else "NOT a near-tie: a bug"
     return (f"GREEDY MISMATCH {rec['method']} vs plain on {where}: first difference at new token "
             f"{m['position']} (plain {m['plain_piece']!r}, {rec['method']} {m['piece']!r}; "

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from specdec.errors import SpecdecError
-from specdec.exit_layers import DEFAULT_PROMPTS, measure_exit_layers, save
+from specdec.exit_layers import DEFAULT_PROMPTS, check_layers, measure_exit_layers, save
 
 
 # --- the command ----------------------------------------------------------------------------------------
@@ -19,7 +19,7 @@ def read_prompts(path: str, limit: int | None) -> list[str]:
     jsonl with "prompt" or "text", or plain text (one prompt per line)."""
     p = Path(path).expanduser()
     if not p.is_file():
-        raise SpecdecError(f"no such prompts file: {p}")
+        raise SpecdecError(f"{p} is a folder, not a prompts file" if p.is_dir() else f"no such prompts file: {p}")
     out = []
     try:
         text_lines = p.read_text(encoding="utf-8").splitlines()
@@ -50,9 +50,12 @@ def record_text(d, where: str) -> str:
     `where` (file:line). Example: {"turns": []} or "some text" (a JSON string, not an object) are refused."""
     if not isinstance(d, dict):
         raise SpecdecError(f"{where}: not a JSON object")
+    need = "a non-empty string"
     if "turns" in d:
         text = d["turns"][0] if isinstance(d["turns"], list) and d["turns"] else None
+        need = "a non-empty string in turns[0]"
     elif "buggy_solution" in d:
+        need += " (a HumanEvalFix record needs an instruction too)"
         parts = (d.get("instruction"), d.get("declaration", ""), d["buggy_solution"])
         text = parts[0] + "\n\n" + parts[1] + parts[2] if all(isinstance(x, str) for x in parts) else None
     elif "prompt" in d or "text" in d:
@@ -60,8 +63,7 @@ def record_text(d, where: str) -> str:
     else:
         raise SpecdecError(f"{where}: no turns, buggy_solution, prompt or text field")
     if not isinstance(text, str) or not text.strip():
-        raise SpecdecError(f"{where}: the prompt is not a non-empty string (a HumanEvalFix record needs an "
-                           f"instruction too)")
+        raise SpecdecError(f"{where}: the prompt is not {need}")
     return text
 
 
@@ -90,6 +92,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from specdec.api import LLM
+    from specdec.store import local_layers
 
     layers = None
     if args.layers is not None:
@@ -104,6 +107,8 @@ def run(args) -> int:
     if args.k < 1 or args.max_new_tokens < 2:  # before the model loads
         raise ValueError(f"--k must be at least 1 and --max-new-tokens at least 2, got {args.k} and "
                          f"{args.max_new_tokens}")
+    if layers is not None:  # before the model loads (its layer count read from its folder when it is on disk)
+        check_layers(layers, local_layers(args.model))
     prompts = [t for f in args.prompts for t in read_prompts(f, args.limit)] or list(DEFAULT_PROMPTS)[:args.limit]
     llm = LLM(args.model, dtype=args.dtype, device=args.device, kv_dtype=args.kv_dtype)
     say = None if args.json else (lambda s: print(f"  {s}", file=sys.stderr, flush=True))

@@ -223,9 +223,16 @@ def run(args) -> int:
                 except httpx.HTTPError as e:
                     raise unreachable(url, e) from None
                 if r.status_code != 200:
-                    raise SpecdecError(f"{url}/v1/models answered HTTP {r.status_code} ({r.text[:200]}): "
+                    said = " ".join(r.text.split())[:200]  # one line, whatever the page
+                    raise SpecdecError(f"{url}/v1/models answered HTTP {r.status_code} ({said}): "
                                        + ("check --api-key" if r.status_code == 401 else "is it `specdec serve`?"))
-                args.model = r.json()["data"][0]["id"]
+                try:
+                    args.model = r.json()["data"][0]["id"]
+                    if not isinstance(args.model, str):
+                        raise TypeError
+                except (ValueError, LookupError, TypeError):
+                    raise SpecdecError(f"{url}/v1/models lists no model: is it `specdec serve`? (or name one "
+                                       "with --model)") from None
             servers.append(("-", None, url))
         for c in args.concurrency:
             runs: dict[str, list[dict]] = {mode: [] for mode, _, _ in servers}
@@ -248,7 +255,7 @@ def run(args) -> int:
                             hint = ("raise --timeout or lower --max-tokens" if "timeout" in said.lower()
                                     else "see the server's log")
                             raise SpecdecError(f"no request completed at concurrency {c}: {said} ({hint})")
-            except ServerGone as e:  # keep the levels measured before it, and say so
+            except (ServerGone, KeyboardInterrupt) as e:  # keep the levels measured before it, and say so
                 gone = e
                 break
             for mode, mine in runs.items():
@@ -269,8 +276,10 @@ def run(args) -> int:
     title = (f"Load test: {args.model}, {args.prompts}, {per_level} per level"
              + (f" x {args.repeat} runs (median)" if args.repeat > 1 else "") + f", max_tokens {args.max_tokens}"
              + (f", drafter {args.method}" if args.serve else ""))
+    interrupted = isinstance(gone, KeyboardInterrupt)
     if gone is not None:
-        title += f" (stopped early: the server stopped answering at concurrency {c})"
+        title += (f" (stopped early: {'interrupted' if interrupted else 'the server stopped answering'} "
+                  f"at concurrency {c})")
     text = markdown(levels, title)
     out.mkdir(parents=True, exist_ok=True)
     (out / "loadtest.md").write_text(text)
@@ -278,6 +287,9 @@ def run(args) -> int:
     plot(levels, out / "loadtest.png", title)
     print(text)
     print(f"wrote {out / 'loadtest.md'}, {out / 'loadtest.json'} and {out / 'loadtest.png'}", file=sys.stderr)
+    if interrupted:  # Ctrl-C, as the CLI answers it elsewhere: 130
+        print(f"specdec loadtest: interrupted at concurrency {c}; the levels before it are in {out}", file=sys.stderr)
+        return 130
     if gone is not None:
         print(f"specdec loadtest: error: {gone}; the levels before it are in {out}", file=sys.stderr)
         return 1

@@ -60,7 +60,7 @@ def run(args) -> int:
     every = f" (all there are; --tasks {args.tasks} asked for more)" if args.tasks > available else ""
     print(f"model {args.model}: {results[0].tokens} answer tokens of {tasks} HumanEvalFix dev tasks{every}, "
           f"KV cache {args.kv_dtype}")
-    print(f"{'dtype':>6} {'perplexity':>11} {'top-1 vs ' + results[0].dtype:>14}")
+    print(f"{'dtype':>5} {'perplexity':>11} {'top-1 vs ' + results[0].dtype:>14}")
     for r in results:
-        print(f"{r.dtype:>6} {r.perplexity:>11.4f} {r.agreement:>14.2%}")
+        print(f"{r.dtype:>5} {r.perplexity:>11.4f} {r.agreement:>14.2%}")
     return 0

@@ -125,6 +125,8 @@ class LiveRunner:
                  keep: int = 8):
         """Checks the settings now (SpecdecError), so that a bad one stops the server at start-up."""
         sources = sources or ("prompt-lookup,draft" if draft else "prompt-lookup,early-exit")
+        from specdec.store import local_layers
+
         check_setup(draft=draft, sources=sources, exit_layer=exit_layer)
         check_model(model)
         if draft is not None:
@@ -318,22 +320,6 @@ class LiveRunner:
                 close()
         trace.text = token_texts(llm.tokenizer, trace.ids)
         return trace
-
-
-def local_layers(name: str) -> int | None:
-    """The layer count of a model already on disk (a pulled known model or a Hugging Face folder), else None."""
-    import json
-    from pathlib import Path
-
-    from specdec.store import resolve
-
-    if name.lower().endswith(".gguf"):
-        return None  # converting it would take minutes: the exit layer is checked when it loads
-    try:
-        config = json.loads((Path(resolve(name, pull=False)) / "config.json").read_text())
-        return int(config["num_hidden_layers"])
-    except (SpecdecError, OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def check_model(name: str) -> None:

@@ -10,6 +10,8 @@ main thread had released its pool (0.305 s decoding in the main thread itself).
 
     release_threads()   # in the thread that loaded the model, before another thread takes over decoding
 
+`specdec.LLM` does this itself after loading and after each generation.
+
 The calling thread's pool comes back if it runs parallel code again; the other threads' pools are untouched.
 """
 
@@ -22,21 +24,30 @@ LIBGOMP = re.compile(r"libgomp(-[0-9a-f]+)?\.so")  # libgomp.so.1, a wheel's lib
 OMP_PAUSE_SOFT = 1  # OpenMP 5.0's omp_pause_soft: stop the threads, keep what can be restarted cheaply
 
 
+_PAUSES: list = []  # each loaded libgomp's omp_pause_resource_all, found once (reading /proc/self/maps costs ~1 ms)
+
+
+def _pause_functions() -> list:
+    if not _PAUSES:
+        try:
+            with open("/proc/self/maps") as maps:
+                paths = sorted({line.split()[-1] for line in maps if LIBGOMP.match(line.rstrip().rsplit("/", 1)[-1])})
+        except OSError:
+            return []
+        for path in paths:
+            try:
+                pause = ctypes.CDLL(path).omp_pause_resource_all
+            except (OSError, AttributeError):
+                continue
+            pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+            _PAUSES.append(pause)
+    return _PAUSES
+
+
 def release_threads() -> int:
     """Release the calling thread's OpenMP worker threads in every libgomp the process has loaded (`omp_pause_
     resource_all(omp_pause_soft)`). Returns how many runtimes took the call (1 with torch's libgomp, whether or not
-    this thread had a pool; 0 where there is none: not Linux, or another OpenMP runtime)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if LIBGOMP.match(line.rstrip().rsplit("/", 1)[-1])})
-    except OSError:
-        return 0
-    released = 0
-    for path in paths:
-        try:
-            pause = ctypes.CDLL(path).omp_pause_resource_all
-        except (OSError, AttributeError):
-            continue
-        pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
-        released += pause(OMP_PAUSE_SOFT) == 0
-    return released
+    this thread had a pool; 0 where there is none: not Linux, or another OpenMP runtime). `specdec.LLM` calls it
+    when it has loaded and when a generation ends, so the thread that decodes next, whichever it is, finds no
+    idle pool beside its own; a new pool costs nothing measurable."""
+    return sum(pause(OMP_PAUSE_SOFT) == 0 for pause in _pause_functions())

@@ -251,9 +251,10 @@ def create_app(engine: Engine, model_name: str, method: str = "prompt-lookup", a
         is the default); `prompt`: the body's name for the prompt."""
         if len(prompt_ids) + max_tokens > context:
             if field is None:  # the client cannot lower a max_tokens it never sent
+                room = (f"for the {max_tokens} an answer gets by default" if len(prompt_ids) < context
+                        else "for an answer")  # a chat's default shrinks to fit: "the 1 an answer gets" was wrong
                 raise Refused(f"the prompt ({len(prompt_ids)} tokens) leaves no room in the model's context of "
-                              f"{context} tokens for the {max_tokens} an answer gets by default: shorten {prompt}",
-                              prompt, "context_length_exceeded")
+                              f"{context} tokens {room}: shorten {prompt}", prompt, "context_length_exceeded")
             raise Refused(f"the prompt ({len(prompt_ids)} tokens) and {field} ({max_tokens}) exceed the model's "
                           f"context of {context} tokens: shorten the prompt or lower {field}", field,
                           "context_length_exceeded")

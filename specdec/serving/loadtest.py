@@ -192,12 +192,19 @@ async def server_counters(url: str) -> tuple[dict[str, float], dict[str, dict[st
 
     async with httpx.AsyncClient(timeout=10) as client:
         r = await client.get(url + "/metrics")
-        r.raise_for_status()
-        text = r.text
+    if r.status_code != 200:  # a server answered, but not as `specdec serve` does: not "no server answers"
+        raise SpecdecError(f"the server at {url} answered HTTP {r.status_code} on /metrics, where the load test reads "
+                           "its counters: is it `specdec serve`?")
+    text = r.text
     totals = dict.fromkeys([*SERVER_COUNTERS, *(f"arm_{a}" for a in ARMS)], 0.0)
     ratios: dict[str, dict[str, float]] = {}
     names = {v: k for k, v in SERVER_COUNTERS.items()}
-    for family in text_string_to_metric_families(text):
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError:
+        raise SpecdecError(f"the server at {url} answered /metrics with no Prometheus text: is it `specdec serve`?"
+                           ) from None
+    for family in families:
         for sample in family.samples:
             if sample.name in names:
                 totals[names[sample.name]] += sample.value
@@ -266,11 +273,13 @@ def plot(levels: list[dict], path, title: str) -> str:
     fig = _figure(15 if autos else 10, 4.2)
     axes = fig.subplots(1, 3 if autos else 2)
     ax_t, ax_l = axes[:2]
-    for mode in dict.fromkeys(lv.get("mode", "-") for lv in levels):
+    colour = {mode: f"C{i}" for i, mode in enumerate(dict.fromkeys(lv.get("mode", "-") for lv in levels))}
+    for mode in colour:  # one colour a mode in every panel
         mine = [lv for lv in levels if lv.get("mode", "-") == mode]
         xs = [lv["concurrency"] for lv in mine]
-        ax_t.plot(xs, [lv["throughput"] for lv in mine], marker="o", label=mode)
-        ax_l.plot(xs, [1000 * (lv["itl_p99"] or float("nan")) for lv in mine], marker="o", label=mode)
+        ax_t.plot(xs, [lv["throughput"] for lv in mine], marker="o", label=mode, color=colour[mode])
+        ax_l.plot(xs, [1000 * (lv["itl_p99"] or float("nan")) for lv in mine], marker="o", label=mode,
+                  color=colour[mode])
     ticks = sorted({lv["concurrency"] for lv in levels})
     panels = [(ax_t, "throughput (tokens/s)", "speculation"), (ax_l, "p99 inter-token latency (ms)", "speculation")]
     if autos:
@@ -283,7 +292,7 @@ def plot(levels: list[dict], path, title: str) -> str:
                 span = [lv.get(f"{key}_interval", {}).get(other, (y, y)) for lv, y in zip(mine, ys)]
                 ax_r.errorbar(xs, ys, yerr=[[y - lo for y, (lo, _) in zip(ys, span)],
                                             [hi - y for y, (_, hi) in zip(ys, span)]],
-                              fmt=style, color=f"C{i + 2}", capsize=3, label=f"{what} × {other}")
+                              fmt=style, color=colour[other], capsize=3, label=f"{what} × {other}")
         ax_r.axhline(1.0, color="black", linewidth=0.8)
         panels.append((ax_r, "auto ÷ the other mode (paired, 95% interval)", None))
     for ax, what, legend in panels:

@@ -436,3 +436,14 @@ def resolve(name_or_path: str | os.PathLike, *, pull: bool = False, progress: bo
         what = f"unknown model {s!r}"
     raise SpecdecError(f"{what}; known models: {_known_names()}; or give a local Hugging Face model "
                        "folder (config.json + *.safetensors) or a path to a .gguf file")
+
+
+def local_layers(name: str) -> int | None:
+    """The layer count of a model already on disk (a pulled known model or a Hugging Face folder), else None (a
+    GGUF, which converting would take minutes, or a model not pulled): for checks made before a model loads."""
+    if name.lower().endswith(".gguf"):
+        return None
+    try:
+        return int(json.loads((Path(resolve(name, pull=False)) / "config.json").read_text())["num_hidden_layers"])
+    except (SpecdecError, OSError, ValueError, KeyError, TypeError):
+        return None
