@@ -133,7 +133,7 @@ class LLM:
         if method == "hybrid":
             from specdec.drafters.hybrid import build_hybrid
 
-            return build_hybrid(self, self.sources, self.drafter)
+            return build_hybrid(self.sources, self.drafter)
         if method in ("medusa", "eagle"):
             check_tree(self.tree, method)  # one this method drafts: said before its heads load
         if method == "medusa":
@@ -194,9 +194,8 @@ class LLM:
 
         if k != "auto":
             return FixedK(k)
-        sources = getattr(drafter, "sources", None)
-        if sources is not None:  # hybrid: each source keeps its own alpha, tau and k; the first that wants to draft does
-            drafter.policies = [auto(d) for d in sources]
+        if getattr(drafter, "sources", None) is not None:  # hybrid: each source keeps its own alpha, tau and k
+            drafter.use_policies(auto)  # the first source that wants to draft does
             return FixedK(AdaptiveK.k_max)
         return auto(drafter)
 

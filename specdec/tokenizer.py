@@ -61,6 +61,3 @@ class Tokenizer:
         if self._decoder is not None:
             return self._decoder.decode(ids, skip_special_tokens=True)
         return self.hf.decode(ids, skip_special_tokens=True)
-
-    def id_to_piece(self, token: int) -> str:
-        return self.hf.convert_ids_to_tokens(token)

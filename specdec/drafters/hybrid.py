@@ -181,11 +181,9 @@ def _unique(names: list[str]) -> list[str]:
     return out
 
 
-def build_hybrid(llm, sources: Sequence[str], make: Callable[[str], Drafter | None],
-                 policy: Callable[[Drafter], object] | None = None) -> Hybrid:
+def build_hybrid(sources: Sequence[str], make: Callable[[str], Drafter | None]) -> Hybrid:
     """A Hybrid over named sources, in order (e.g. ["prompt-lookup", "retrieval", "draft"]). `make(name)`
-    builds one source (LLM.drafter); `policy(drafter)`, when given, makes each source's own k policy
-    (e.g. `lambda d: AdaptiveK(cost=llm.cost_curve(), tau=d.tau_prior)`)."""
+    builds one source (LLM.drafter); each source's own k policy comes later (`Hybrid.use_policies`)."""
     names = [s.strip() for s in (sources.split(",") if isinstance(sources, str) else sources) if s.strip()]
     if not names:
         raise ValueError("hybrid needs at least one source, e.g. --sources prompt-lookup,draft")
@@ -194,4 +192,4 @@ def build_hybrid(llm, sources: Sequence[str], make: Callable[[str], Drafter | No
     drafters = [make(n) for n in names]
     if any(d is None for d in drafters):
         raise ValueError(f"a hybrid source made no drafter: {', '.join(names)}")
-    return Hybrid(drafters, [policy(d) for d in drafters] if policy else None)
+    return Hybrid(drafters)
