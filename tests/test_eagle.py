@@ -633,3 +633,18 @@ def test_export_never_overwrites_another_models_folder(tmp_path, capsys):
         assert main(["export", "eagle", "--model", "smollm2-135m", "--out", str(folder)]) == 2
         assert "holds another model or head" in capsys.readouterr().err
     assert (medusa / "config.json").read_text() == '{"kind": "medusa"}' and (lone / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_a_config_json_rewritten_in_another_key_order_keeps_its_heads(env, tmp_path):
+    """The fingerprint reads config.json's fields, not its layout: the same fields in another key order and
+    indentation (a conversion by another tool) give the same fingerprint, the legacy one (its bytes) another
+    (found by mutating training/heads.py: `sort_keys=False` passed, every test rewriting the config in its order)."""
+    import json
+    import shutil
+
+    folder = shutil.copytree(env["folder"], tmp_path / "again")
+    config = json.loads((folder / "config.json").read_text())
+    assert len(config) > 2
+    (folder / "config.json").write_text(json.dumps(dict(reversed(list(config.items()))), indent=4))
+    assert fingerprint(folder) == fingerprint(env["folder"])
+    assert fingerprint(folder, legacy=True) != fingerprint(env["folder"], legacy=True)

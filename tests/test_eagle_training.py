@@ -470,3 +470,59 @@ def test_corpus_documents_under_3_tokens_are_dropped(env):
 
     docs = list(corpus.token_documents(["ab", "abc", "x", "abcdefgh"], env["tok"], max_len=5))
     assert [len(d) for d in docs] == [3, 5] and docs[0] == env["tok"].encode("abc", chat=False)
+
+
+def test_the_cache_folder_is_named_by_the_settings_whatever_their_order():
+    """Settings built in another order (train.py adds "regenerate" and "layers" after the rest; a checkpoint's copy
+    comes back from JSON) name the same cache folder, other layers another one (found by mutating hidden_cache.py:
+    `sort_keys=False` passed, the pinned name's keys being in sorted order already)."""
+    name = hidden_cache.cache_dir(Path("/r"), {"format": 1, "requested": 5, "layers": [1, 0]})
+    assert name == hidden_cache.cache_dir(Path("/r"), {"layers": [1, 0], "requested": 5, "format": 1})
+    assert name != hidden_cache.cache_dir(Path("/r"), {"format": 1, "requested": 5, "layers": [0, 1]})
+    assert name.parent == Path("/r") and len(name.name) == 16
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_an_interrupted_batched_layer_cache_resumes_to_the_uninterrupted_arrays(env, tmp_path, batch):
+    """Ctrl-C while the 6th document is read (progress saved after every forward): progress.json holds the whole
+    forwards done (5 documents one a forward, 4 two a forward), the next build runs only the rest in forwards of
+    `batch` and ends with the arrays, bit for bit, and the meta of one uninterrupted build (found by mutating
+    hidden_cache.py: `len(group) == batch` -> `!=` put every document into one forward at the end and saved no
+    progress, yet passed test_an_interrupted_hidden_cache_build_continues, whose resume had one document left)."""
+    import json
+
+    g = torch.Generator().manual_seed(4)
+    docs = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (12, 7, 15, 9, 11, 6, 14, 10)]
+    budget, layers = sum(map(len, docs)) - 4, (1, 0)  # the last document cut to 6
+    whole = hidden_cache.build(env["target"], iter(docs), tmp_path / "a", budget, {"t": 1}, progress=False,
+                               layers=layers, batch=batch)
+    assert whole.meta["documents"] == 8 and len(whole) == budget
+
+    def stops_at_the_sixth():
+        yield from docs[:5]
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        hidden_cache.build(env["target"], stops_at_the_sixth(), tmp_path / "b", budget, {"t": 1}, progress=False,
+                           layers=layers, batch=batch, save_every=0)
+    k = 5 if batch == 1 else 4
+    assert json.loads((tmp_path / "b" / "progress.json").read_text()) == {"tokens": sum(map(len, docs[:k])),
+                                                                           "documents": k}
+    calls = []
+
+    class Counting:  # the target, recording the batch and width of each forward
+        cfg = env["target"].cfg
+        new_cache = env["target"].new_cache
+
+        def __call__(self, tokens, *a, **kw):
+            calls.append(tuple(tokens.shape))
+            return env["target"](tokens, *a, **kw)
+
+    rest = hidden_cache.build(Counting(), iter(docs), tmp_path / "b", budget, {"t": 1}, progress=False,
+                              layers=layers, batch=batch)
+    widths = [len(d) for d in docs[k:-1]] + [6]
+    assert calls == ([(1, w) for w in widths] if batch == 1 else [(2, max(widths[:2])), (2, max(widths[2:]))])
+    assert rest.meta == whole.meta and not (tmp_path / "b" / "progress.json").exists()
+    for a in hidden_cache.arrays(layers):
+        assert np.array_equal(getattr(rest, a), getattr(whole, a)), a
+    assert rest.doc.tolist() == sum(([i] * len(d) for i, d in enumerate(docs[:-1])), []) + [7] * 6

@@ -853,3 +853,21 @@ def test_a_jsonl_file_that_is_not_utf8_is_named(tmp_path):
     bad.write_bytes(b'{"text": "\xff hi"}\n')
     with pytest.raises(SpecdecError, match=r"bad.jsonl: not UTF-8 text \(byte 0xff at offset 10\).*iconv"):
         list(corpus.file_documents([bad]))
+
+
+def test_heads_are_found_under_the_models_safe_name_the_stores_first(tmp_path, monkeypatch):
+    """`store_dir` keeps a model name's last part, letters, digits and -._ (the rest become _), and `find` looks in
+    the store, then among the shipped heads, under that name (found by mutating training/heads.py: `or` -> `and`
+    in `_safe` turned every name into underscores and passed)."""
+    from specdec.training import heads
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    assert heads.store_dir("org/SmolLM2 135M+v1.5_x", "medusa") == tmp_path / "heads" / "SmolLM2_135M_v1.5_x" / "medusa"
+    shipped = heads.SHIPPED / "smollm2-135m" / "eagle"
+    assert (shipped / heads.CONFIG).is_file() and heads.find("smollm2-135m", "eagle") == shipped
+    mine = heads.store_dir("smollm2-135m", "eagle")
+    mine.mkdir(parents=True)
+    (mine / heads.CONFIG).write_text("{}")
+    assert heads.find("smollm2-135m", "eagle") == mine
+    with pytest.raises(SpecdecError, match="no medusa heads for tiny-9: .*specdec train medusa --model tiny-9"):
+        heads.find("tiny-9", "medusa")

@@ -150,7 +150,7 @@ def target_and_cache(args, layers=None, resumed: dict | None = None):
 
         prompts = first_turn_prompts(docs, tokenizer, args.max_len // 2)
         token_docs = regenerate(model, prompts, args.max_len, set(tokenizer.eos_ids), 1024 if gpu else 8,
-                                args.tokens, progress=not args.quiet)
+                                args.tokens, progress=not args.quiet, skip=hidden_cache.cached_documents(where))
     else:
         token_docs = corpus.token_documents(docs, tokenizer, args.max_len)
     cache = hidden_cache.build(model, token_docs, where, args.tokens, settings, progress=not args.quiet,

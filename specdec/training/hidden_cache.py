@@ -68,6 +68,15 @@ def cache_dir(root: Path, settings: dict) -> Path:
     return root / key
 
 
+def cached_documents(folder: str | Path) -> int:
+    """How many documents an interrupted build in `folder` has cached (0: none, or the cache is complete), so a
+    caller whose documents are costly to make (`--regenerate`'s answers) can skip making them again."""
+    folder = Path(folder)
+    if (folder / "meta.json").exists() or not (folder / "progress.json").exists():
+        return 0
+    return int(json.loads((folder / "progress.json").read_text())["documents"])
+
+
 def build(model, docs: Iterable[list[int]], folder: str | Path, max_tokens: int, settings: dict,
           progress: bool = True, save_every: float = 30.0, layers: tuple[int, ...] | None = None,
           batch: int = 1) -> HiddenCache:
@@ -76,7 +85,7 @@ def build(model, docs: Iterable[list[int]], folder: str | Path, max_tokens: int,
     `layers`: cache those decoder layers' outputs as `features` instead of the final hidden state
     (the caller puts them in `settings`, which names the folder). An
     interrupted build continues where its last `progress.json` (written every `save_every` seconds) left
-    it: the documents come in the same order, so the first ones done are skipped. `batch` documents share
+    it: the documents come in the same order, so the first ones done are skipped (they may come as None). `batch` documents share
     one forward (a GPU's gain; on a CPU one document a forward is as fast per token)."""
     from tqdm import tqdm
 

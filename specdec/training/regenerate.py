@@ -89,20 +89,31 @@ def greedy_batch(model, prompts: Sequence[Sequence[int]], max_len: int, stop: se
 
 
 def regenerate(model, prompts: Iterable[list[int]], max_len: int, stop: set[int], batch: int,
-               max_tokens: int, progress: bool = True) -> Iterator[list[int]]:
+               max_tokens: int, progress: bool = True, skip: int = 0) -> Iterator[list[int] | None]:
     """Documents prompt + greedy answer (`greedy_batch`), `batch` prompts at a time in order of length, until
-    about `max_tokens` tokens are written. Reads prompts lazily, a pool of 8 batches at a time."""
+    about `max_tokens` tokens are written. Reads prompts lazily, a pool of 8 batches at a time. The first `skip`
+    documents (an interrupted build's, already cached) come as None, in the same order, and a batch of only such
+    documents is not generated again (a batch holding others runs whole: its rows round as they did)."""
     from tqdm import tqdm
 
     bar = tqdm(total=max_tokens, unit="tok", unit_scale=True, desc="target answers", disable=not progress)
-    it, written = iter(prompts), 0
+    it, written, index = iter(prompts), 0, 0
     while written < max_tokens:
         pool = [p for _, p in zip(range(8 * batch), it)]
         if not pool:
             break
         pool.sort(key=len)
         for i in range(0, len(pool), batch):
-            for doc in greedy_batch(model, pool[i:i + batch], max_len, stop):
+            group = pool[i:i + batch]
+            if index + len(group) <= skip:
+                index += len(group)
+                yield from [None] * len(group)
+                continue
+            for doc in greedy_batch(model, group, max_len, stop):
+                index += 1
+                if index <= skip:
+                    yield None
+                    continue
                 written += len(doc)
                 bar.update(len(doc))
                 yield doc
