@@ -61,8 +61,8 @@ def resolve_device(name: str | None) -> torch.device:
     if name is not None and not isinstance(name, str):  # torch reads 0 as cuda:0; say so rather than guess
         raise SpecdecError(f"unknown device {name!r}: choose 'cpu', 'cuda' or 'cuda:N' (a string)")
     name = (name or "cpu").strip().lower()
-    kind, _, index = name.partition(":")
-    if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
+    kind, colon, index = name.partition(":")  # "cpu:" / "cuda:" (no index) are unknown too, not torch's traceback
+    if kind not in DEVICES or (colon and (kind != "cuda" or not index.isdigit())):
         raise SpecdecError(f"unknown device {name!r}: choose cpu, cuda or cuda:N")
     if kind == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
