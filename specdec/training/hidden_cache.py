@@ -85,8 +85,8 @@ def build(model, docs: Iterable[list[int]], folder: str | Path, max_tokens: int,
     `layers`: cache those decoder layers' outputs as `features` instead of the final hidden state
     (the caller puts them in `settings`, which names the folder). An
     interrupted build continues where its last `progress.json` (written every `save_every` seconds) left
-    it: the documents come in the same order, so the first ones done are skipped (they may come as None). `batch` documents share
-    one forward (a GPU's gain; on a CPU one document a forward is as fast per token)."""
+    it: the documents come in the same order, so the first ones done are skipped (they may come as None).
+    `batch` documents share one forward (a GPU's gain; on a CPU one document a forward is as fast per token)."""
     from tqdm import tqdm
 
     folder = Path(folder)
