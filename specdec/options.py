@@ -317,12 +317,13 @@ def check_setup(*, draft: str | None = None, sources: Sequence[str] | str = ("pr
     `datastore`: a heads folder and retrieval's datastore folder, which must exist (None: the model's own)."""
     if draft is not None and (not isinstance(draft, str) or not draft.strip()):
         raise OptionError(f"draft must be a model name or path, got {draft!r}")
-    if not is_folder(heads) or heads is not None and not (Path(heads).expanduser() / "config.json").is_file():
-        what = ("no such folder" if not is_folder(heads) else "no config.json in it, so no heads")
-        if isinstance(heads, (str, os.PathLike)) and str(heads).strip() and Path(heads).expanduser().is_file():
-            what = "a file, not a folder"
-        raise OptionError(f"heads {heads!r}: {what} (give the --out folder of `specdec train medusa|eagle`, or a "
-                          "published EAGLE-3 head's folder)")
+    if heads is not None:
+        path = Path(heads).expanduser() if isinstance(heads, (str, os.PathLike)) and str(heads).strip() else None
+        what = ("a file, not a folder" if path and path.is_file() else "no such folder" if not is_folder(heads)
+                else None if (path / "config.json").is_file() else "no config.json in it, so no heads")
+        if what:
+            raise OptionError(f"heads {heads!r}: {what} (give the --out folder of `specdec train medusa|eagle`, or "
+                              "a published EAGLE-3 head's folder)")
     if not is_folder(datastore):
         raise OptionError(f"datastore {datastore!r}: no such folder (give the --out folder of `specdec datastore "
                           "build`, or None for the model's ShareGPT datastore)")

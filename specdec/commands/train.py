@@ -239,13 +239,13 @@ def interrupted(out) -> int:
 
 def run_medusa(args) -> int:
     from specdec.training import heads
-    from specdec.training.medusa import TrainSettings, train
+    from specdec.training.medusa import RESUME_FREE, TrainSettings, train
 
     check_run_args(args, ("tokens", "max_len", "epochs", "heads", "draft_vocab", "batch", "checkpoint_every"))
     out = out_or(args.out, lambda: heads.store_dir(args.model, "medusa"))
     s = TrainSettings(heads=args.heads, epochs=args.epochs, batch=args.batch, lr=args.lr,
                       draft_vocab=args.draft_vocab, checkpoint_every=args.checkpoint_every)
-    resumed = check_out(args, out, "medusa", asdict(s), free=("epochs", "checkpoint_every"))
+    resumed = check_out(args, out, "medusa", asdict(s), free=RESUME_FREE)
     try:
         model, fp, data, where, cache = target_and_cache(args, resumed=resumed)
         tensors, report = train(cache, model.lm_head.matrix().float().cpu(), s, out, resume=args.resume,

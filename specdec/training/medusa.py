@@ -131,6 +131,7 @@ def save_checkpoint(path: Path, state: dict) -> None:
     os.replace(tmp, path)
 
 
+RESUME_FREE = ("epochs", "checkpoint_every")  # what a resumed Medusa run may change: more epochs are fine
 KEY = {"medusa": "heads", "eagle": "head"}  # the weights' key in each trainer's checkpoint
 
 
@@ -245,7 +246,7 @@ def train(cache: HiddenCache, lm_weight: torch.Tensor, s: TrainSettings, out: st
     epoch, batch_no, step, val, seconds, last_loss = 0, 0, 0, None, 0.0, None
     if resume and ckpt_path.exists():
         ck = load_checkpoint(ckpt_path, "medusa")
-        check_resumable(ckpt_path, ck, asdict(s), cache.meta, free=("epochs", "checkpoint_every"))  # more epochs: fine
+        check_resumable(ckpt_path, ck, asdict(s), cache.meta, free=RESUME_FREE)
         heads.load_state_dict(ck["heads"])
         opt.load_state_dict(ck["opt"])
         epoch, batch_no, step, val, seconds, last_loss = (ck[k] for k in CHECKPOINT_STATE)
